@@ -1,0 +1,63 @@
+"""`python -m analysis --out DIR [--grid full|smoke] [--family NAME ...]`: run the sweeps.
+
+Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
+family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
+summary table at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from . import elementwise, machine, schema, summary, sweep
+
+FAMILIES = {"elementwise": elementwise.problems}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="results folder to create")
+    ap.add_argument("--grid", default="full", choices=["full", "smoke"])
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+                    help="family to sweep (repeatable; default: all)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        from kernels._common import interpreting
+
+        if not interpreting():
+            ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    meta = machine.run_metadata(device)
+    print(f"run {meta['run_id']} on {meta['gpu']}: torch {meta['torch']}, triton "
+          f"{meta['triton']}, cuda {meta['cuda']}, commit {meta['git_commit']}", flush=True)
+    limit_rows = machine.measure_limits(device, meta)
+    sink = schema.ParquetSink(args.out / "limits.parquet", schema.limits_schema())
+    for row in limit_rows:
+        sink.append(row)
+        if row["value"] is not None:
+            print(f"  {row['metric']:<12} {row['precision']:<5} {row['value']:10.1f} {row['unit']}")
+
+    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
+    paths = sweep.run(problems, args.out, device, meta, limit_rows,
+                      progress=not args.no_progress)
+    for family, path in paths.items():
+        print(summary.table(schema.read(path)))
+        print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

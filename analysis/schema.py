@@ -1,0 +1,73 @@
+"""The tidy Parquet schema, and a sink that writes rows as they are measured.
+
+One row per measured configuration. Columns are only ever added (never renamed): the base columns
+of DESIGN.md, then the shape columns of each family, then extras.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+S, I, F = pa.string(), pa.int64(), pa.float64()
+
+BASE = {
+    "run_id": S, "started_at": S, "git_commit": S, "gpu": S, "sm_count": I, "torch": S,
+    "triton": S, "cuda": S, "family": S, "op": S, "impl": S, "dtype": S, "precision": S,
+}
+MEASURED = {
+    # sweep: which sub-grid the row belongs to ("size": default launch settings, "block": the
+    # block-size sweep), so a figure never mixes them by accident.
+    "sweep": S, "block": I, "num_warps": I, "status": S, "error": S, "ms_median": F, "ms_mean": F, "ms_std": F,
+    "ms_min": F, "n_reps": I, "peak_mib": F, "bytes_model": F, "bytes_impl": F, "flops_model": F,
+    "gbps": F, "tflops": F, "pct_copy_bw": F, "pct_matmul_peak": F, "max_rel_err": F,
+}
+# Shape columns of each family.
+FAMILY_SHAPES = {
+    "elementwise": {"n": I, "z_kind": S},
+}
+STATUSES = ("ok", "oom", "out_of_resources", "compile_error", "unsupported", "wrong_result")
+
+LIMITS = {
+    "run_id": S, "started_at": S, "git_commit": S, "gpu": S, "sm_count": I, "torch": S,
+    "triton": S, "cuda": S, "metric": S, "dtype": S, "precision": S, "value": F, "unit": S,
+    "detail": S,
+}
+
+
+def family_schema(family: str) -> pa.Schema:
+    fields = {**BASE, **FAMILY_SHAPES[family], **MEASURED}
+    return pa.schema([(name, typ) for name, typ in fields.items()])
+
+
+def limits_schema() -> pa.Schema:
+    return pa.schema(list(LIMITS.items()))
+
+
+class ParquetSink:
+    """Collects rows and rewrites the Parquet file after every row, atomically (tmp + rename), so a
+    crash, an OOM or a kill late in a sweep leaves every row measured before it on disk."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path, self.schema, self.rows = Path(path), schema, []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, row: dict) -> None:
+        unknown = set(row) - set(self.schema.names)
+        if unknown:
+            raise KeyError(f"columns not in the schema: {sorted(unknown)}")
+        self.rows.append(row)
+        self.flush()
+
+    def flush(self) -> None:
+        table = pa.Table.from_pylist(self.rows, schema=self.schema)
+        tmp = self.path.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.path)
+
+
+def read(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path)

@@ -1,0 +1,100 @@
+"""Input checks and output allocation shared by every kernel family.
+
+Every public kernel checks its inputs here and raises an error that names the problem, instead of
+launching on something it cannot handle. Outputs are allocated through `empty`, which fills them
+with NaN while `poisoned_outputs()` is active, so a test (or the sweep's correctness check) sees any
+element a kernel forgot to write.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import triton
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_poison = False
+
+
+@contextlib.contextmanager
+def poisoned_outputs(enabled: bool = True):
+    """While active, every output tensor starts as NaN instead of uninitialised memory."""
+    global _poison
+    previous, _poison = _poison, enabled
+    try:
+        yield
+    finally:
+        _poison = previous
+
+
+def empty(shape, dtype, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if _poison:
+        out.fill_(math.nan)
+    return out
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, ndim=None, min_ndim=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: {names}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
+    if t.device.type == "cpu" and not interpreting():
+        raise ValueError(
+            f"{name} is on the CPU: Triton kernels need a CUDA tensor, or TRITON_INTERPRET=1 set "
+            "before triton is imported to run them through the interpreter"
+        )
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} is on device {t.device}; only cuda (or cpu under the interpreter)")
+
+
+def check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name} is not contiguous (strides {tuple(t.stride())}); call .contiguous() first"
+        )
+
+
+def check_same(names_tensors, *, dtype=True) -> None:
+    """All tensors on one device and, unless dtype=False, of one dtype (no silent casts)."""
+    (n0, t0), *rest = names_tensors
+    for n, t in rest:
+        if t.device != t0.device:
+            raise ValueError(f"{n} is on {t.device} but {n0} is on {t0.device}")
+        if dtype and t.dtype != t0.dtype:
+            raise TypeError(
+                f"{n} has dtype {str(t.dtype).replace('torch.', '')} but {n0} has "
+                f"{str(t0.dtype).replace('torch.', '')}; cast explicitly, nothing is cast silently"
+            )
+
+
+def default_warps(block: int) -> int:
+    """One warp per 256 elements of a 1-D block, between 1 and 16."""
+    return max(1, min(16, block // 256))
+
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "check_contiguous",
+    "check_same",
+    "check_tensor",
+    "default_warps",
+    "empty",
+    "interpreting",
+    "poisoned_outputs",
+    "triton",
+]

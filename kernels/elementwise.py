@@ -1,0 +1,146 @@
+"""Add-multiply, `(x + y) * z`: the simplest fusion.
+
+Unfused, the sum `x + y` makes a round trip through device memory between two kernels; fused, it
+stays in registers. With z a full tensor that is 6N element moves against 4N; with z a scalar,
+5N against 3N (see analysis/traffic.py).
+
+z is a tensor broadcastable to x, or a Python number. A one-element z is loaded once per program;
+a z whose shape is a suffix of x's (e.g. a (H,) z for a (N, H) x) is read with a modulo index;
+any other broadcast is materialised with `expand().contiguous()` first (one extra pass, rare).
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_contiguous, check_same, check_tensor, default_warps, empty
+
+DEFAULT_BLOCK = 2048
+
+# How the kernels read z.
+Z_FULL, Z_ONE, Z_PERIODIC, Z_SCALAR = 0, 1, 2, 3
+
+
+def reference(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:
+    """The semantics, in PyTorch eager (two kernels: an add, then a multiply)."""
+    return (x + y) * z
+
+
+@triton.jit
+def _load_z(z_ptr, z_scalar, offs, mask, z_period, Z_MODE: tl.constexpr):
+    if Z_MODE == 0:
+        z = tl.load(z_ptr + offs, mask=mask).to(tl.float32)
+    elif Z_MODE == 1:
+        z = tl.load(z_ptr).to(tl.float32)
+    elif Z_MODE == 2:
+        z = tl.load(z_ptr + offs % z_period, mask=mask).to(tl.float32)
+    else:
+        z = z_scalar
+    return z
+
+
+@triton.jit
+def _add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mul_kernel(t_ptr, z_ptr, z_scalar, out_ptr, n, z_period, Z_MODE: tl.constexpr,
+                BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    t = tl.load(t_ptr + offs, mask=mask).to(tl.float32)
+    z = _load_z(z_ptr, z_scalar, offs, mask, z_period, Z_MODE)
+    tl.store(out_ptr + offs, (t * z).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_mul_kernel(x_ptr, y_ptr, z_ptr, z_scalar, out_ptr, n, z_period, Z_MODE: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
+    z = _load_z(z_ptr, z_scalar, offs, mask, z_period, Z_MODE)
+    # One rounding to the output dtype, at the store.
+    tl.store(out_ptr + offs, ((x + y) * z).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_inputs(x, y, z):
+    """Validate, and return (z_tensor, z_scalar, z_period, z_mode)."""
+    check_tensor("x", x)
+    check_tensor("y", y)
+    check_same([("x", x), ("y", y)])
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+    check_contiguous("x", x)
+    check_contiguous("y", y)
+    if isinstance(z, torch.Tensor):
+        check_tensor("z", z)
+        check_same([("x", x), ("z", z)])
+        try:
+            broadcast = torch.broadcast_shapes(z.shape, x.shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != x.shape:
+            raise ValueError(f"z of shape {tuple(z.shape)} does not broadcast to x's {tuple(x.shape)}")
+        if z.numel() == 1:
+            return z, 0.0, 1, Z_ONE
+        suffix = list(z.shape)
+        while suffix and suffix[0] == 1:
+            suffix.pop(0)
+        if z.is_contiguous() and tuple(suffix) == tuple(x.shape[x.dim() - len(suffix):]):
+            return z, 0.0, z.numel(), (Z_FULL if z.numel() == x.numel() else Z_PERIODIC)
+        return z.expand(x.shape).contiguous(), 0.0, x.numel(), Z_FULL
+    if isinstance(z, bool) or not isinstance(z, numbers.Real):
+        raise TypeError(f"z must be a tensor or a real Python number, got {type(z).__name__}")
+    return x, float(z), 1, Z_SCALAR  # x stands in for the unused z pointer
+
+
+def _launch_args(x, block, num_warps):
+    block = DEFAULT_BLOCK if block is None else block
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")
+    num_warps = default_warps(block) if num_warps is None else num_warps
+    return block, num_warps, (triton.cdiv(x.numel(), block),)
+
+
+def triton_unfused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
+    """Two Triton kernels: t = x + y (stored), then out = t * z."""
+    z_t, z_s, period, mode = _check_inputs(x, y, z)
+    block, num_warps, grid = _launch_args(x, block, num_warps)
+    t = empty(x.shape, x.dtype, x.device)
+    out = empty(x.shape, x.dtype, x.device)
+    if x.numel():
+        _add_kernel[grid](x, y, t, x.numel(), BLOCK=block, num_warps=num_warps)
+        _mul_kernel[grid](t, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
+                          num_warps=num_warps)
+    return out
+
+
+def triton_fused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
+    """One Triton kernel: out = (x + y) * z, the sum kept in registers, math in float32."""
+    z_t, z_s, period, mode = _check_inputs(x, y, z)
+    block, num_warps, grid = _launch_args(x, block, num_warps)
+    out = empty(x.shape, x.dtype, x.device)
+    if x.numel():
+        _add_mul_kernel[grid](x, y, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
+                              num_warps=num_warps)
+    return out
+
+
+def add_mul(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:
+    """`(x + y) * z` in one fused Triton kernel.
+
+    x, y: contiguous tensors of one shape and dtype (float32, float16 or bfloat16), on CUDA (or on
+    the CPU under TRITON_INTERPRET=1). z: a tensor of the same dtype broadcastable to x, or a Python
+    number. The sum and product are computed in float32 and rounded once to x's dtype.
+    """
+    return triton_fused(x, y, z)

@@ -1,0 +1,39 @@
+"""Run the kernels natively on a GPU, else through Triton's interpreter on CPU tensors.
+
+TRITON_INTERPRET must be set before triton is first imported, hence here, at collection time.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _poison_outputs():
+    """Every kernel output starts as NaN, so an element a kernel fails to write fails the test."""
+    from kernels import poisoned_outputs
+
+    with poisoned_outputs():
+        yield
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| in float64; inf if out has a NaN/inf the reference has not."""
+    from analysis.sweep import max_rel_err
+
+    return max_rel_err(out, ref)
+
+
+# Tolerances on max |out - ref| / max |ref| against a float64 reference.
+TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}

@@ -36,6 +36,8 @@ def main(argv=None) -> int:
 
         if not interpreting():
             ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")
+    # Compile in this process: no pool of compile workers left busy while other impls are timed.
+    torch._inductor.config.compile_threads = 1
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)

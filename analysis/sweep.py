@@ -52,6 +52,21 @@ class Problem:
     variants: list[Variant] = field(default_factory=list)
 
 
+class Compiled:
+    """`torch.compile(fn, dynamic=False)`, compiled at the first call (inside the runner's measured
+    try-block, so a compile failure becomes a row), after a Dynamo reset: no problem inherits another
+    problem's graphs or hits the recompile limit and silently falls back to eager."""
+
+    def __init__(self, fn: Callable):
+        self.source, self.fn = fn, None
+
+    def __call__(self, *args):
+        if self.fn is None:
+            torch._dynamo.reset()
+            self.fn = torch.compile(self.source, dynamic=False)
+        return self.fn(*args)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

@@ -1,0 +1,77 @@
+"""The report's figures. Each function takes tidy rows and returns a matplotlib Figure."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from .report import IMPL_LABEL, IMPL_ORDER
+
+STYLE = {
+    "torch_eager": dict(color="#555555", marker="o", ls="-"),
+    "torch_compile": dict(color="#1f77b4", marker="s", ls="-"),
+    "triton_unfused": dict(color="#ff7f0e", marker="v", ls="--"),
+    "triton_fused": dict(color="#d62728", marker="^", ls="-"),
+}
+
+
+def _impls(df):
+    present = set(df["impl"])
+    return [i for i in IMPL_ORDER if i in present] + sorted(present - set(IMPL_ORDER))
+
+
+def _log2_axis(ax):
+    ax.set_xscale("log", base=2)
+
+
+def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str, ylabel: str,
+                  logy: bool = True, hline: float | None = None, hline_label: str | None = None,
+                  panel_title=lambda v: str(v)) -> plt.Figure:
+    """One panel per value of `panels`, one line per implementation."""
+    values = list(dict.fromkeys(df[panels]))
+    fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 3.8), squeeze=False,
+                             sharey=True)
+    for ax, value in zip(axes[0], values):
+        sub = df[df[panels] == value]
+        for impl in _impls(sub):
+            d = sub[sub["impl"] == impl].sort_values(x)
+            ax.plot(d[x], d[y], label=IMPL_LABEL.get(impl, impl), ms=4,
+                    **STYLE.get(impl, dict(marker=".")))
+        if hline is not None:
+            ax.axhline(hline, color="black", lw=1, ls=":", label=hline_label)
+        _log2_axis(ax)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_title(panel_title(value))
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def block_sweep(df: pd.DataFrame, x: str = "block", y: str = "gbps", size_col: str = "n",
+                hline: float | None = None, size_label=str) -> plt.Figure:
+    """Achieved bandwidth against block size, one panel per problem size, one line per impl and
+    variant (e.g. z tensor / scalar)."""
+    sizes = sorted(df[size_col].unique())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.4 * len(sizes), 3.6), squeeze=False,
+                             sharey=True)
+    for ax, size in zip(axes[0], sizes):
+        sub = df[df[size_col] == size]
+        for (impl, z), d in sub.groupby(["impl", "z_kind"], sort=False):
+            d = d.sort_values(x)
+            style = dict(STYLE.get(impl, {}))
+            if z == "scalar":
+                style.update(ls=":", mfc="white")
+            ax.plot(d[x], d[y] / 1000, label=f"{IMPL_LABEL.get(impl, impl)}, z {z}", ms=4, **style)
+        if hline is not None:
+            ax.axhline(hline / 1000, color="black", lw=1, ls=":", label="copy bandwidth")
+        _log2_axis(ax)
+        ax.set_title(size_label(size))
+        ax.set_xlabel("block (elements per program)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("TB/s of model bytes")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,109 @@
+"""What the report's cells call: find and load a results folder, describe where the data comes
+from, and small helpers (markdown tables, formatting). Thin cells, logic here, tested here."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "results" / "reference" / "h100"
+IMPL_ORDER = ["torch_eager", "torch_compile", "triton_unfused", "triton_fused"]
+IMPL_LABEL = {
+    "torch_eager": "PyTorch eager",
+    "torch_compile": "torch.compile",
+    "triton_unfused": "Triton unfused",
+    "triton_fused": "Triton fused",
+}
+
+
+def results_dir(results: str | os.PathLike | None = None) -> Path:
+    """The folder a chapter reads: the `results` parameter if given, else $FUSION_RESULTS (set by
+    `make render`), else the committed reference measured on an H100."""
+    chosen = results or os.environ.get("FUSION_RESULTS") or REFERENCE
+    path = Path(chosen)
+    if not path.is_absolute():
+        path = ROOT / path
+    if not (path / "limits.parquet").exists():
+        raise FileNotFoundError(f"no results in {path} (limits.parquet missing)")
+    return path
+
+
+def load(results: Path, family: str) -> pd.DataFrame:
+    df = pd.read_parquet(Path(results) / f"{family}.parquet")
+    return df
+
+
+def load_limits(results: Path) -> pd.DataFrame:
+    return pd.read_parquet(Path(results) / "limits.parquet")
+
+
+def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee") -> float:
+    """One measured limit (GB/s for copy_bw, TFLOP/s for matmul_peak); NaN if not measured."""
+    hit = limits[(limits["metric"] == metric) & (limits["precision"] == precision)]["value"]
+    return float(hit.iloc[0]) if len(hit) and pd.notna(hit.iloc[0]) else float("nan")
+
+
+def provenance(results: Path, limits: pd.DataFrame) -> dict:
+    """Where the data come from, for the report's first page."""
+    row = limits.iloc[0]
+    return dict(
+        gpu=row["gpu"], date=str(row["started_at"])[:10], started_at=row["started_at"],
+        torch=row["torch"], triton=row["triton"], cuda=row["cuda"], commit=row["git_commit"],
+        run_id=row["run_id"], folder=str(Path(results).resolve().relative_to(ROOT))
+        if Path(results).resolve().is_relative_to(ROOT) else str(results),
+        is_reference=Path(results).resolve().is_relative_to(REFERENCE.parent.resolve()),
+    )
+
+
+def ok_rows(df: pd.DataFrame, sweep: str = "size") -> pd.DataFrame:
+    return df[(df["status"] == "ok") & (df["sweep"] == sweep)]
+
+
+def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
+    """Implementations as columns, in the report's order."""
+    p = df.pivot_table(index=index, columns="impl", values=value, aggfunc="first")
+    return p[[c for c in IMPL_ORDER if c in p.columns] + [c for c in p.columns if c not in IMPL_ORDER]]
+
+
+def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> str:
+    """A pipe table (Quarto renders it in HTML and typst alike), with no extra dependency."""
+    if index:
+        df = df.reset_index()
+    def cell(v):
+        if isinstance(v, float):
+            return "" if pd.isna(v) else format(v, floatfmt)
+        return str(v)
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else ":---"
+                          for c in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def pow2(n: int, plot: bool = False) -> str:
+    """2^k for exact powers of two (markdown superscript, or mathtext for a plot), else the number
+    with thousands separators."""
+    n = int(n)
+    if n > 0 and n & (n - 1) == 0:
+        k = n.bit_length() - 1
+        return f"$2^{{{k}}}$" if plot else f"2^{k}^"
+    return f"{n:,}"
+
+
+def tbps(gbps: float) -> str:
+    return f"{gbps / 1000:.2f} TB/s"
+
+
+class _Text(str):
+    """A string that Jupyter displays as markdown (so inline `{python}` values render without
+    quotes); plain `str` everywhere else."""
+
+    def _repr_markdown_(self):
+        return str(self)
+
+
+def md(value, fmt: str | None = None) -> _Text:
+    """Format a value for inline use in prose: `{python} md(x, '.2f')`."""
+    return _Text(format(value, fmt) if fmt else str(value))

@@ -1,0 +1,96 @@
+"""The traffic model's numbers, the Parquet sink, and a sweep smoke run on a tiny grid."""
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from analysis import schema, traffic
+from analysis import __main__ as cli
+from analysis.sweep import Problem, Variant, run
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_add_mul_traffic(itemsize):
+    n = 1000
+    e = n * itemsize
+    assert traffic.add_mul_bytes(n, itemsize, "tensor", "triton_unfused") == 6 * e
+    assert traffic.add_mul_bytes(n, itemsize, "tensor", "torch_eager") == 6 * e
+    assert traffic.add_mul_bytes(n, itemsize, "tensor", "triton_fused") == 4 * e
+    assert traffic.add_mul_bytes(n, itemsize, "tensor", "torch_compile") == 4 * e
+    assert traffic.add_mul_bytes(n, itemsize, "scalar", "triton_unfused") == 5 * e
+    assert traffic.add_mul_bytes(n, itemsize, "scalar", "triton_fused") == 3 * e
+    unfused = traffic.add_mul_kernels(n, itemsize, "tensor", fused=False)
+    assert [(k.read, k.written) for k in unfused] == [(2 * e, e), (2 * e, e)]
+    assert traffic.add_mul_flops(n) == 2 * n
+    with pytest.raises(ValueError, match="z_kind"):
+        traffic.add_mul_bytes(n, itemsize, "vector", "triton_fused")
+
+
+def test_traffic_table_totals():
+    t = traffic.add_mul_table(10, 4)
+    totals = t.groupby(["z", "variant"])["bytes"].sum()
+    assert totals[("tensor", "unfused")] == 6 * 40 and totals[("scalar", "fused")] == 3 * 40
+
+
+def test_sink_keeps_rows_when_a_sweep_dies(tmp_path, device):
+    """Rows are on disk as they are measured: a crash after the second row loses nothing before."""
+    def fine(x):
+        return x * 2
+
+    def boom(x):
+        raise KeyboardInterrupt  # not an Exception: the runner must not swallow it
+
+    problem = Problem(
+        family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
+        shape=dict(n=8, z_kind="scalar"), make_inputs=lambda d: (torch.randn(8, device=d),),
+        reference=lambda x: x * 2, bytes_model=64, flops_model=8, tolerance=1e-6,
+        variants=[Variant("torch_eager", fine), Variant("triton_fused", boom),
+                  Variant("torch_compile", fine)])
+    meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
+                triton="y", cuda="z")
+    with pytest.raises(KeyboardInterrupt):
+        run([problem], tmp_path, device, meta, [], progress=False)
+    rows = pd.read_parquet(tmp_path / "elementwise.parquet")
+    assert len(rows) == 1 and rows["status"].tolist() == ["ok"]
+
+
+def test_failures_become_rows(tmp_path, device):
+    def wrong(x):
+        return x * 3
+
+    def refused(x):
+        raise ValueError("x is refused")
+
+    problem = Problem(
+        family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
+        shape=dict(n=8, z_kind="scalar"), make_inputs=lambda d: (torch.randn(8, device=d),),
+        reference=lambda x: x * 2, bytes_model=64, flops_model=8, tolerance=1e-6,
+        variants=[Variant("triton_unfused", wrong), Variant("triton_fused", refused)])
+    meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
+                triton="y", cuda="z")
+    run([problem], tmp_path, device, meta, [], progress=False)
+    rows = pd.read_parquet(tmp_path / "elementwise.parquet").set_index("impl")
+    assert rows.loc["triton_unfused", "status"] == "wrong_result"
+    assert pd.isna(rows.loc["triton_unfused", "ms_median"])
+    assert rows.loc["triton_fused", "status"] == "unsupported"
+    assert "x is refused" in rows.loc["triton_fused", "error"]
+
+
+def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
+    """`python -m analysis --grid smoke` end to end on this machine (interpreter on a CPU)."""
+    out = tmp_path / "run"
+    assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
+                     "--no-progress"]) == 0
+    table = pq.read_table(out / "elementwise.parquet")
+    assert table.schema.names == schema.family_schema("elementwise").names
+    for column in ["run_id", "git_commit", "gpu", "torch", "triton", "family", "op", "impl",
+                   "dtype", "precision", "status", "ms_median", "n_reps", "bytes_model", "gbps",
+                   "max_rel_err"]:
+        assert column in table.schema.names
+    df = table.to_pandas()
+    assert set(df["impl"]) == {"torch_eager", "torch_compile", "triton_unfused", "triton_fused"}
+    assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["impl", "error"]]
+    assert (df["ms_median"] > 0).all() and (df["max_rel_err"] < 1e-3).all()
+    assert set(df["sweep"]) == {"size", "block"}
+    assert pq.read_table(out / "limits.parquet").num_rows >= 1
+    assert "triton_fused" in capsys.readouterr().out  # the summary table

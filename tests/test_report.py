@@ -1,0 +1,73 @@
+"""Every chapter's python cells run in order, in one namespace per chapter (as Quarto's Jupyter
+engine runs them) against the committed reference data; every figure cell makes a figure, every
+table cell a table, every inline expression a value. Quarto itself is absent here and in CI.
+
+Set REPORT_FIGURES_DIR to keep the figures as PNG files to look at."""
+import math
+import os
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from analysis import report as R  # noqa: E402
+
+from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = chapters(ROOT)
+
+
+def test_every_chapter_is_rendered():
+    on_disk = set((ROOT / "report").glob("*.qmd"))
+    assert on_disk == set(CHAPTERS), "a .qmd in report/ is missing from _quarto.yml or vice versa"
+
+
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_cells_run(qmd, tmp_path, monkeypatch):
+    monkeypatch.chdir(qmd.parent)  # Quarto runs a chapter's cells from its own folder
+    monkeypatch.setenv("FUSION_RESULTS", str(R.REFERENCE))
+    figures_dir = Path(os.environ.get("REPORT_FIGURES_DIR", tmp_path))
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    text = qmd.read_text()
+    chunks = cells(text)
+    assert chunks and "parameters" in chunks[0].options.get("tags", []), \
+        "the first cell must be the `parameters` cell"
+    namespace = {"__name__": "__main__"}
+    for cell in chunks:
+        plt.close("all")
+        value = run_cell(cell.code, namespace)
+        label = str(cell.options.get("label", ""))
+        if label.startswith("fig-"):
+            assert plt.get_fignums(), f"{qmd.name}: cell {label} made no figure"
+            assert cell.options.get("fig-cap"), f"{qmd.name}: {label} has no caption"
+            for i, num in enumerate(plt.get_fignums()):
+                plt.figure(num).savefig(figures_dir / f"{qmd.stem}-{label}-{i}.png", dpi=80)
+        if label.startswith("tbl-"):
+            markdown = getattr(value, "data", None)
+            assert isinstance(markdown, str) and markdown.count("\n|") >= 2, \
+                f"{qmd.name}: cell {label} shows no table with rows"
+            assert "nan" not in markdown.lower(), f"{qmd.name}: {label} shows a NaN"
+    plt.close("all")
+    for expr in inline_expressions(text):
+        value = eval(expr, namespace)
+        shown = str(value)
+        assert shown.strip(), f"{qmd.name}: `{expr}` renders empty"
+        assert "nan" not in shown.lower() and "None" not in shown, f"{qmd.name}: `{expr}` -> {shown}"
+        if isinstance(value, float):
+            assert math.isfinite(value)
+
+
+NUMBER_WITH_UNIT = re.compile(
+    r"\d+(\.\d+)?\s?(x faster|× faster|TB/s|GB/s|TFLOP/s|ms\b|µs\b|%)")
+
+
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_prose_types_no_measured_numbers(qmd):
+    """Measured numbers in prose come from `{python}` expressions, never typed in."""
+    text = re.sub(r"`\{python\}[^`]*`", "", prose(qmd.read_text()))
+    assert not NUMBER_WITH_UNIT.findall(text), NUMBER_WITH_UNIT.search(text).group(0)

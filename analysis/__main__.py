@@ -13,9 +13,15 @@ from pathlib import Path
 
 import torch
 
-from . import elementwise, machine, schema, summary, sweep
+from . import attention, elementwise, machine, reductions, schema, summary, sweep
 
-FAMILIES = {"elementwise": elementwise.problems}
+FAMILIES = {
+    "elementwise": elementwise.problems,
+    "softmax": reductions.softmax_problems,
+    "layernorm": reductions.layernorm_problems,
+    "softmax_matmul": attention.softmax_matmul_problems,
+    "attention": attention.attention_problems,
+}
 
 
 def main(argv=None) -> int:

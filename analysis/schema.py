@@ -21,13 +21,17 @@ BASE = {
 MEASURED = {
     # sweep: which sub-grid the row belongs to ("size": default launch settings, "block": the
     # block-size sweep), so a figure never mixes them by accident.
-    "sweep": S, "block": I, "num_warps": I, "status": S, "error": S, "ms_median": F, "ms_mean": F, "ms_std": F,
+    "sweep": S, "variant": S, "block": I, "num_warps": I, "status": S, "error": S, "ms_median": F, "ms_mean": F, "ms_std": F,
     "ms_min": F, "n_reps": I, "peak_mib": F, "bytes_model": F, "bytes_impl": F, "flops_model": F,
     "gbps": F, "tflops": F, "pct_copy_bw": F, "pct_matmul_peak": F, "max_rel_err": F,
 }
 # Shape columns of each family.
 FAMILY_SHAPES = {
     "elementwise": {"n": I, "z_kind": S},
+    "softmax": {"rows": I, "width": I},
+    "layernorm": {"rows": I, "width": I, "direction": S},
+    "softmax_matmul": {"batch": I, "d1": I, "d2": I, "d3": I},
+    "attention": {"batch": I, "heads": I, "seq": I, "head_dim": I, "causal": pa.bool_()},
 }
 STATUSES = ("ok", "oom", "out_of_resources", "compile_error", "unsupported", "wrong_result")
 

@@ -35,6 +35,7 @@ class Variant:
     num_warps: int | None = None
     bytes_impl: float | None = None
     sweep: str = "size"
+    variant: str | None = None  # which kernel/path of the impl, where it has several
 
 
 @dataclass
@@ -76,8 +77,13 @@ def to_float64(inputs):
                  for a in inputs)
 
 
-def max_rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| / max |ref|, in float64; inf where out is not finite but ref is."""
+def max_rel_err(out, ref) -> float:
+    """max |out - ref| / max |ref| in float64 (the worst over a tuple of outputs); inf where out is
+    not finite but ref is, or the shapes differ."""
+    if isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            return math.inf
+        return max(max_rel_err(o, r) for o, r in zip(out, ref))
     out64 = out.double()
     if out64.shape != ref.shape:
         return math.inf
@@ -96,6 +102,8 @@ def classify(exc: BaseException) -> str:
         return "oom"
     if name == "OutOfResources" or "out of resource" in text:
         return "out_of_resources"
+    if "no available kernel" in text:  # an SDPA backend that does not take this shape/dtype
+        return "unsupported"
     if isinstance(exc, (ValueError, TypeError, NotImplementedError)):
         return "unsupported"
     return "compile_error"  # the first call compiles: anything else broke there
@@ -115,7 +123,8 @@ def _failure_row(base: dict, exc: BaseException) -> dict:
 def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> dict:
     base = dict(
         family=problem.family, op=problem.op, impl=variant.impl, dtype=dtype_name(problem.dtype),
-        precision=problem.precision, sweep=variant.sweep, block=variant.block,
+        precision=problem.precision, sweep=variant.sweep, variant=variant.variant,
+        block=variant.block,
         num_warps=variant.num_warps, bytes_model=problem.bytes_model, bytes_impl=variant.bytes_impl,
         flops_model=problem.flops_model, **problem.shape,
     )
@@ -180,6 +189,7 @@ def run(problems: list[Problem], out_dir: Path, device: torch.device, meta: dict
                 row = _failure_row(dict(family=problem.family, op=problem.op, impl=variant.impl,
                                         dtype=dtype_name(problem.dtype),
                                         precision=problem.precision, sweep=variant.sweep,
+                                        variant=variant.variant,
                                         block=variant.block,
                                         num_warps=variant.num_warps, **problem.shape),
                                    setup_error)

@@ -57,3 +57,88 @@ def add_mul_table(n: int, itemsize: int) -> pd.DataFrame:
                                  read_elems=k.read // itemsize, written_elems=k.written // itemsize,
                                  bytes=k.total))
     return pd.DataFrame(rows)
+
+
+# --- Reductions: softmax and LayerNorm over the last dim of a (rows, width) tensor ---------------
+STAT = 4  # per-row statistics (max, sum, mean, rstd) are float32
+
+
+def softmax_kernels(rows: int, width: int, itemsize: int, impl: str, online: bool = False) \
+        -> list[Kernel]:
+    """Unfused Triton: row max, exp-sum, normalise as three kernels (x read three times, the
+    statistics round-trip). Fused: read once, write once; the online path (rows wider than one
+    block) reads the row a second time to normalise (from L2 when it is still there)."""
+    e = rows * width * itemsize
+    if impl == "triton_unfused":
+        return [Kernel("row max", e, rows * STAT),
+                Kernel("exp-sum", e + rows * STAT, rows * STAT),
+                Kernel("normalise", e + 2 * rows * STAT, e)]
+    if impl == "triton_fused" and online:
+        return [Kernel("online softmax: stats pass + normalise pass", 2 * e, e)]
+    # torch_eager and torch_compile are single kernels too; counted at the compulsory traffic.
+    return [Kernel("softmax", e, e)]
+
+
+def layer_norm_kernels(rows: int, width: int, itemsize: int, impl: str, direction: str = "fwd",
+                       groups: int = 0) -> list[Kernel]:
+    """LayerNorm with weight and bias of `width` elements. Forward unfused follows seed 001's five
+    steps (mean, variance, normalise, scale, shift), each a kernel with its intermediate in memory.
+    Backward (fused): dx per row, and dweight/dbias as per-group float32 partial sums (groups x
+    width) reduced by a second kernel."""
+    e = rows * width * itemsize
+    p = width * itemsize
+    if direction == "fwd":
+        if impl == "triton_unfused":
+            return [Kernel("mean", e, rows * STAT),
+                    Kernel("variance", e + rows * STAT, rows * STAT),
+                    Kernel("normalise", e + 2 * rows * STAT, e),
+                    Kernel("scale", e + p, e),
+                    Kernel("shift", e + p, e)]
+        return [Kernel("layer norm (+ mean, rstd)", e + 2 * p, e + 2 * rows * STAT)]
+    if direction != "bwd":
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    partials = 2 * groups * width * STAT
+    return [Kernel("dx, partial dw/db", 2 * e + p + 2 * rows * STAT, e + partials),
+            Kernel("reduce dw, db", partials, 2 * p)]
+
+
+def softmax_flops(rows: int, width: int) -> int:
+    return 5 * rows * width  # max, subtract, exp, sum, divide
+
+
+def layer_norm_flops(rows: int, width: int, direction: str = "fwd") -> int:
+    return (8 if direction == "fwd" else 12) * rows * width
+
+
+def total(kernels: list[Kernel]) -> int:
+    return sum(k.total for k in kernels)
+
+
+# --- softmax(X) @ V and attention ------------------------------------------------------------------
+
+def softmax_matmul_kernels(batch, d1, d2, d3, itemsize, impl) -> list[Kernel]:
+    """Unfused: P = softmax(X) is written (x's dtype) and read back by the matmul; fused: never."""
+    x, v, o = batch * d1 * d2 * itemsize, batch * d2 * d3 * itemsize, batch * d1 * d3 * itemsize
+    if impl in UNFUSED_IMPLS:
+        return [Kernel("P = softmax(X)", x, x), Kernel("O = P @ V", x + v, o)]
+    return [Kernel("O = softmax(X) @ V", x + v, o)]
+
+
+def softmax_matmul_flops(batch, d1, d2, d3) -> int:
+    return 2 * batch * d1 * d2 * d3 + 5 * batch * d1 * d2
+
+
+def attention_kernels(batch, heads, seq, head_dim, itemsize, impl, score_bytes=4) -> list[Kernel]:
+    """Naive (materialised) attention writes and reads the batch*heads*seq^2 scores S and
+    probabilities P (float32 in the PyTorch reference); fused reads Q, K, V and writes O only."""
+    qkv = batch * heads * seq * head_dim * itemsize
+    if impl in ("torch_eager", "triton_unfused"):
+        s = batch * heads * seq * seq * score_bytes
+        return [Kernel("S = Q K^T", 2 * qkv, s), Kernel("P = softmax(S)", s, s),
+                Kernel("O = P V", s + qkv, qkv)]
+    return [Kernel("O = attention(Q, K, V)", 3 * qkv, qkv)]
+
+
+def attention_flops(batch, heads, seq, head_dim, causal: bool) -> float:
+    """4 B H N^2 D (two matmuls), halved for causal: the convention FlashAttention reports in."""
+    return 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)

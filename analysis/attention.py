@@ -1,0 +1,167 @@
+"""Sweep grids of the online-softmax-into-matmul families: softmax(X) @ V (seed 002) and the
+FlashAttention-style attention forward."""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from . import traffic
+from .sweep import Compiled, Problem, Variant
+
+# kernels.attention and kernels.softmax_matmul are the public functions; their modules:
+attn = importlib.import_module("kernels.attention")
+smm = importlib.import_module("kernels.softmax_matmul")
+
+TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
+
+
+# --- softmax(X) @ V ---------------------------------------------------------------------------------
+
+SEED_D2 = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+SEED_BLOCKS = [16, 32, 64]
+SMM_GRIDS = {
+    # (batch, d1, d3), d2 values, dtypes, blocks of the seed's sweep
+    "full": dict(batch=16, d1=2048, d3=512, d2=SEED_D2, blocks=SEED_BLOCKS,
+                 half_d2=[1024, 8192]),
+    "smoke": dict(batch=2, d1=33, d3=19, d2=[40], blocks=[16], half_d2=[40]),
+}
+
+
+def tf32(fn, enabled: bool):
+    """Run fn with PyTorch's TF32 matmul switch set (and restored): precision parity."""
+    def call(*args):
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        try:
+            return fn(*args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    return call
+
+
+def _smm_inputs(batch, d1, d2, d3, dtype, device):
+    return (torch.randn(batch, d1, d2, device=device, dtype=dtype),
+            torch.randn(batch, d2, d3, device=device, dtype=dtype))
+
+
+def softmax_matmul_problems(grid: str = "full") -> list[Problem]:
+    g = SMM_GRIDS[grid]
+    batch, d1, d3 = g["batch"], g["d1"], g["d3"]
+    cases = [(torch.float32, p, d2) for p in ("ieee", "tf32") for d2 in g["d2"]]
+    cases += [(torch.float16, "float16", d2) for d2 in g["half_d2"]]
+    out = []
+    for dtype, precision, d2 in cases:
+        s = torch.empty((), dtype=dtype).element_size()
+        kw = {"input_precision": precision} if dtype == torch.float32 else {}
+        use_tf32 = precision == "tf32"
+
+        def nbytes(impl, d2=d2, s=s):
+            return traffic.total(traffic.softmax_matmul_kernels(batch, d1, d2, d3, s, impl))
+        variants = [
+            Variant("torch_eager", tf32(smm.reference, use_tf32), bytes_impl=nbytes("torch_eager")),
+            Variant("triton_unfused", functools.partial(smm.triton_unfused, **kw),
+                    bytes_impl=nbytes("triton_unfused")),
+            Variant("triton_fused", functools.partial(smm.triton_fused, **kw),
+                    bytes_impl=nbytes("triton_fused")),
+        ]
+        if dtype == torch.float32:
+            variants += [Variant("triton_fused", functools.partial(smm.fused_softmax, BLOCK_1=b,
+                                                                   BLOCK_2=b, **kw),
+                                 block=b, sweep="block", variant="seed BLOCK_1 = BLOCK_2",
+                                 bytes_impl=nbytes("triton_fused")) for b in g["blocks"]]
+        variants.append(Variant("torch_compile", tf32(Compiled(smm.reference), use_tf32),
+                                bytes_impl=nbytes("torch_compile")))
+        out.append(Problem(
+            family="softmax_matmul", op="softmax_matmul", dtype=dtype, precision=precision,
+            shape=dict(batch=batch, d1=d1, d2=d2, d3=d3),
+            make_inputs=functools.partial(_smm_inputs, batch, d1, d2, d3, dtype),
+            reference=smm.reference, bytes_model=nbytes("triton_fused"),
+            flops_model=traffic.softmax_matmul_flops(batch, d1, d2, d3),
+            tolerance=TOLERANCE[precision], variants=variants))
+    return out
+
+
+# --- attention -----------------------------------------------------------------------------------
+
+TOKENS, MODEL_DIM = 16384, 2048  # batch * seq and heads * head_dim, fixed across the sweep
+ATTN_GRIDS = {
+    "full": dict(seqs=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128],
+                 dtype=torch.float16, unfused_max_seq=4096),
+    "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, unfused_max_seq=64,
+                  tokens=74, model_dim=32),
+}
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
+                 "sdpa_efficient": "EFFICIENT_ATTENTION"}
+
+
+def reference64(q, k, v, causal: bool):
+    """float64 attention, a block of queries at a time so the scores never exceed ~2 GB."""
+    scale = q.shape[-1] ** -0.5
+    b, h, n, _ = q.shape
+    out = torch.empty_like(q)
+    step = max(1, 2**28 // (b * h * n))
+    keys = torch.arange(n, device=q.device)
+    for i in range(0, n, step):
+        s = (q[:, :, i:i + step] @ k.transpose(-2, -1)) * scale
+        if causal:
+            rows = torch.arange(i, min(i + step, n), device=q.device)
+            s = s.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
+        out[:, :, i:i + step] = torch.softmax(s, -1) @ v
+    return out
+
+
+def _sdpa(backend: str, causal: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = getattr(SDPBackend, backend)
+
+    def call(q, k, v):
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return call
+
+
+def _attn_inputs(shape, dtype, device):
+    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+
+
+def attention_problems(grid: str = "full") -> list[Problem]:
+    g = ATTN_GRIDS[grid]
+    tokens, model_dim = g.get("tokens", TOKENS), g.get("model_dim", MODEL_DIM)
+    dtype = g["dtype"]
+    s = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for head_dim in g["head_dims"]:
+        for seq in g["seqs"]:
+            batch, heads = max(1, tokens // seq), model_dim // head_dim
+            for causal in (False, True):
+                def nbytes(impl, seq=seq, batch=batch, heads=heads, head_dim=head_dim):
+                    score = 4 if impl == "torch_eager" else s
+                    return traffic.total(traffic.attention_kernels(batch, heads, seq, head_dim, s,
+                                                                   impl, score))
+                naive = functools.partial(attn.reference, causal=causal)
+                variants = [Variant("torch_eager", naive, bytes_impl=nbytes("torch_eager"))]
+                variants += [Variant(name, _sdpa(backend, causal), bytes_impl=nbytes(name))
+                             for name, backend in SDPA_BACKENDS.items()]
+                if seq <= g["unfused_max_seq"]:
+                    variants.append(Variant("triton_unfused",
+                                            functools.partial(attn.triton_unfused, causal=causal),
+                                            bytes_impl=nbytes("triton_unfused")))
+                variants.append(Variant("triton_fused",
+                                        functools.partial(attn.triton_fused, causal=causal),
+                                        variant="autotuned", bytes_impl=nbytes("triton_fused")))
+                variants.append(Variant("torch_compile", Compiled(naive),
+                                        bytes_impl=nbytes("torch_compile")))
+                out.append(Problem(
+                    family="attention", op="attention_fwd", dtype=dtype,
+                    precision=str(dtype).replace("torch.", ""),
+                    shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal),
+                    make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim), dtype),
+                    reference=functools.partial(reference64, causal=causal),
+                    bytes_model=nbytes("triton_fused"),
+                    flops_model=traffic.attention_flops(batch, heads, seq, head_dim, causal),
+                    tolerance=TOLERANCE[str(dtype).replace("torch.", "")], variants=variants))
+    return out

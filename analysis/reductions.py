@@ -1,0 +1,206 @@
+"""Sweep grids of the reduction families: softmax and LayerNorm over the last dim of
+(rows, width) tensors."""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from kernels import layernorm as ln
+
+from . import traffic
+from .sweep import Compiled, Problem, Variant
+
+# kernels.softmax is the public function; the family's module is reached through sys.modules.
+sm = importlib.import_module("kernels.softmax")
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+GRIDS = {
+    "full": dict(
+        softmax={torch.float32: [(4096, 2**k) for k in range(10, 19)],
+                 torch.float16: [(4096, 4096), (4096, 65536)],
+                 torch.bfloat16: [(4096, 4096), (4096, 65536)]},
+        # (rows, width) where the block / warps / path sweep runs (fp32)
+        softmax_sweep=[(4096, 4096), (4096, 65536), (4096, 262144)],
+        warps=[1, 2, 4, 8, 16, 32],
+        tiles=[1024, 2048, 4096, 8192, 16384],
+        layernorm={torch.float16: [(4096, w) for w in (1024, 2048, 4096, 8192, 16384)],
+                   torch.float32: [(4096, 1024), (4096, 4096), (4096, 16384)],
+                   torch.bfloat16: [(4096, 4096)]},
+    ),
+    "smoke": dict(
+        softmax={torch.float32: [(3, 1000), (2, 40000)], torch.float16: [(5, 257)]},
+        softmax_sweep=[(3, 1000)],
+        warps=[1, 4],
+        tiles=[256],
+        layernorm={torch.float32: [(5, 300)], torch.float16: [(3, 1000)]},
+    ),
+}
+
+
+def _precision(dtype):
+    return "ieee" if dtype == torch.float32 else str(dtype).replace("torch.", "")
+
+
+def _itemsize(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# --- softmax ------------------------------------------------------------------------------------
+
+def _softmax_inputs(rows, width, dtype, device):
+    return (torch.randn(rows, width, device=device, dtype=dtype) * 4,)
+
+
+def softmax_problems(grid: str = "full") -> list[Problem]:
+    g = GRIDS[grid]
+    out = []
+    for dtype, shapes in g["softmax"].items():
+        s = _itemsize(dtype)
+        for rows, width in shapes:
+            p = sm.plan(rows, width)
+            online = p.path != sm.ONE_PASS
+
+            def impl_bytes(impl, online=online, rows=rows, width=width, s=s):
+                return traffic.total(traffic.softmax_kernels(rows, width, s, impl, online))
+
+            variants = [
+                Variant("torch_eager", sm.reference, bytes_impl=impl_bytes("torch_eager")),
+                Variant("triton_unfused", sm.triton_unfused, bytes_impl=impl_bytes("triton_unfused")),
+                Variant("triton_fused", sm.triton_fused, block=p.block, num_warps=p.num_warps,
+                        variant=p.path, bytes_impl=impl_bytes("triton_fused")),
+            ]
+            if dtype == torch.float32 and (rows, width) in g["softmax_sweep"]:
+                variants += _softmax_sweep_variants(rows, width, s, g)
+            variants.append(Variant("torch_compile", Compiled(sm.reference),
+                                    bytes_impl=impl_bytes("torch_compile")))
+            out.append(Problem(
+                family="softmax", op="softmax", dtype=dtype, precision=_precision(dtype),
+                shape=dict(rows=rows, width=width),
+                make_inputs=functools.partial(_softmax_inputs, rows, width, dtype),
+                reference=sm.reference,
+                bytes_model=traffic.total(traffic.softmax_kernels(rows, width, s, "triton_fused")),
+                flops_model=traffic.softmax_flops(rows, width),
+                tolerance=TOLERANCE[dtype], variants=variants))
+    return out
+
+
+def _softmax_sweep_variants(rows, width, s, g):
+    """Warps for the default path; tile sizes (and warps) for the looping paths."""
+    out = []
+    default = sm.plan(rows, width)
+    for warps in g["warps"]:
+        if warps != default.num_warps:
+            out.append(Variant("triton_fused", functools.partial(sm.triton_fused, num_warps=warps),
+                               block=default.block, num_warps=warps, sweep="block",
+                               variant=default.path))
+    for path in (sm.ONLINE, sm.SPLIT):
+        for tile in g["tiles"]:
+            if tile > width:
+                continue
+            p = sm.plan(rows, width, path=path, block=tile)
+            out.append(Variant("triton_fused",
+                               functools.partial(sm.triton_fused, path=path, block=tile),
+                               block=tile, num_warps=p.num_warps, sweep="block", variant=path,
+                               bytes_impl=traffic.total(traffic.softmax_kernels(
+                                   rows, width, s, "triton_fused", online=True))))
+    return out
+
+
+# --- LayerNorm ------------------------------------------------------------------------------------
+
+EPS = 1e-5
+
+
+def _ln_inputs(rows, width, dtype, device):
+    x = torch.randn(rows, width, device=device, dtype=dtype) * 2 + 0.5
+    w = 1 + 0.1 * torch.randn(width, device=device, dtype=dtype)
+    b = 0.1 * torch.randn(width, device=device, dtype=dtype)
+    dy = torch.randn(rows, width, device=device, dtype=dtype)
+    return x, w, b, dy
+
+
+def _ln_forward(fn):
+    def forward(x, w, b, dy):
+        return fn(x, w, b, EPS)
+    return forward
+
+
+def _ln_reference_fwd(x, w, b, dy):
+    return F.layer_norm(x, (x.shape[-1],), w, b, EPS)
+
+
+class _Backward:
+    """Times the backward alone: the forward graph is built once (first call), then every call
+    runs autograd.grad on it (retain_graph) and returns (dx, dweight, dbias)."""
+
+    def __init__(self, forward):
+        self.forward, self.graph = forward, None
+
+    def __call__(self, x, w, b, dy):
+        if self.graph is None:
+            leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+            self.graph = (self.forward(*leaves, EPS), leaves)
+        y, leaves = self.graph
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+
+def _ln_reference_bwd(x, w, b, dy):
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    y = F.layer_norm(leaves[0], (x.shape[-1],), leaves[1], leaves[2], EPS)
+    return torch.autograd.grad(y, leaves, dy)
+
+
+def _torch_ln(x, w, b, eps):
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def layernorm_problems(grid: str = "full") -> list[Problem]:
+    g = GRIDS[grid]
+    out = []
+    for dtype, shapes in g["layernorm"].items():
+        s = _itemsize(dtype)
+        for rows, width in shapes:
+            for direction in ("fwd", "bwd"):
+                def impl_bytes(impl, rows=rows, width=width, s=s, direction=direction):
+                    groups = ln.bwd_groups(rows) if direction == "bwd" else 0
+                    if impl != "triton_fused":
+                        groups = 0
+                    return traffic.total(traffic.layer_norm_kernels(rows, width, s, impl,
+                                                                    direction, groups))
+                if direction == "fwd":
+                    variants = [
+                        Variant("torch_eager", _ln_forward(_torch_ln), bytes_impl=impl_bytes("torch_eager")),
+                        Variant("triton_unfused", _ln_forward(ln.triton_unfused),
+                                bytes_impl=impl_bytes("triton_unfused")),
+                        Variant("triton_fused", _ln_forward(ln.triton_fused),
+                                bytes_impl=impl_bytes("triton_fused")),
+                        Variant("torch_compile", Compiled(_ln_forward(_torch_ln)),
+                                bytes_impl=impl_bytes("torch_compile")),
+                    ]
+                    reference = _ln_reference_fwd
+                else:
+                    variants = [
+                        Variant("torch_eager", _Backward(_torch_ln), bytes_impl=impl_bytes("torch_eager")),
+                        Variant("triton_fused", _Backward(ln.triton_fused),
+                                bytes_impl=impl_bytes("triton_fused")),
+                        Variant("torch_compile", _Backward(Compiled(_torch_ln)),
+                                bytes_impl=impl_bytes("torch_compile")),
+                    ]
+                    reference = _ln_reference_bwd
+                out.append(Problem(
+                    family="layernorm", op=f"layer_norm_{direction}", dtype=dtype,
+                    precision=_precision(dtype),
+                    shape=dict(rows=rows, width=width, direction=direction),
+                    make_inputs=functools.partial(_ln_inputs, rows, width, dtype),
+                    reference=reference,
+                    bytes_model=traffic.total(traffic.layer_norm_kernels(rows, width, s,
+                                                                         "triton_fused", direction)),
+                    flops_model=traffic.layer_norm_flops(rows, width, direction),
+                    tolerance=TOLERANCE[dtype] * (4 if direction == "bwd" else 1),
+                    variants=variants))
+    return out
+

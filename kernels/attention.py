@@ -1,0 +1,324 @@
+"""Attention forward, `softmax(q k^T * scale [+ causal mask]) @ v`, q k v (batch, heads, seq, dim).
+
+Unfused, the (seq, seq) score and probability matrices of every head make round trips through
+device memory (written by one kernel, read by the next): O(seq^2) traffic. Fused (FlashAttention-2
+forward), each program holds BLOCK_M queries and walks the keys/values in BLOCK_N tiles with the
+online softmax: running max m, running sum l, and an output accumulator rescaled by
+2^(m_old - m_new) when the max grows. Scores live only in registers, traffic is O(seq * head_dim).
+
+The fused kernel follows Triton's tutorial 06 ("fused attention") for Hopper: tiles are read
+through tensor descriptors (TMA on sm_90+, plain loads elsewhere), the scale is folded into the
+exponent (exp2 of qk * sm_scale * log2(e)), and causal attention loops only up to the diagonal,
+masking the diagonal tiles alone. Beyond the tutorial: any sequence length (the key tail is masked,
+the query tail is not stored) and any head_dim that is a multiple of 8 up to 256 (non-powers of two
+are padded to the next one inside the kernel: the descriptor zero-fills the columns past head_dim).
+float16 and bfloat16 only; q, k and v of one shape.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ._common import check_contiguous, check_same, check_tensor, empty, interpreting
+from .softmax_matmul import _bmm, _dot, _softmax_rows, _upcast_bf16
+
+DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+def reference(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
+    """Naive PyTorch: materialised scores, in float32 (float64 if given), cast to q.dtype."""
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(ct) @ k.to(ct).transpose(-2, -1)) * sm_scale
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v.to(ct)).to(q.dtype)
+
+
+# ------------------------------------------------------------------------------------ fused
+
+
+@triton.jit
+def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
+    # Host-made descriptors (Hopper+, the interpreter) pass through; a raw pointer gets a
+    # device-side descriptor, which pre-Hopper compilers lower to ordinary masked loads.
+    if isinstance(desc_or_ptr, tl.tensor_descriptor):
+        return desc_or_ptr
+    else:
+        return tl.make_tensor_descriptor(desc_or_ptr, shape, strides, block_shape)
+
+
+@triton.jit
+def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs_n, qk_scale, seq,
+                BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr):
+    """Key/value tiles [lo, hi). MASK: 0 none, 1 causal (diagonal tiles), 2 keys past seq."""
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = desc_k.load([offset_y + start_n, 0])
+        qk = _dot(q, k.T, None, "tf32", UPCAST)
+        if MASK == 0:
+            # Scale folded into the max and one FMA; base-2 exponent throughout.
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+            alpha = tl.math.exp2(m_i - m_ij)
+        else:
+            cols = start_n + offs_n
+            if MASK == 1:
+                keep = offs_m[:, None] >= cols[None, :]
+            else:
+                keep = (cols < seq)[None, :]
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            # A row with every key so far masked subtracts 0, not -inf (which would give NaN).
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+            p = tl.math.exp2(qk - m_sub[:, None])
+            alpha = tl.math.exp2(m_i - m_sub)
+        l_ij = tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = desc_v.load([offset_y + start_n, 0])
+        # p rounded to v's dtype for the tensor-core product, accumulated in float32.
+        acc = _dot(p.to(v.dtype), v, acc, "tf32", UPCAST)
+        # Updated last, to shorten the live ranges inside the loop (as the tutorial does).
+        l_i = l_i * alpha + l_ij
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, sm_scale, ZH, SEQ,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+              UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    # q, k, v viewed as (batch * heads * seq, head_dim): a tile past the end of one head reads
+    # the next head's rows (masked or not stored) or zeros past the tensor, never out of bounds.
+    y_dim = ZH * SEQ
+    desc_q = _maybe_make_tensor_desc(Q, [y_dim, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, BLOCK_D])
+    desc_k = _maybe_make_tensor_desc(K, [y_dim, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
+    desc_v = _maybe_make_tensor_desc(V, [y_dim, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
+    offset_y = off_hz * SEQ
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.44269504  # log2(e): exp(x) = exp2(x * log2(e))
+    # Columns past head_dim load as zeros, so the padded dot products are exact.
+    q = desc_q.load([offset_y + start_m * BLOCK_M, 0])
+    if CAUSAL:
+        # Tiles left of the diagonal block need no mask; tiles right of it are skipped.
+        lo = start_m * BLOCK_M
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, 0, lo, offs_m,
+                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST)
+        hi = tl.minimum(lo + BLOCK_M, SEQ)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m,
+                                    offs_n, qk_scale, SEQ, BLOCK_N, 1, UPCAST)
+    else:
+        # Whole tiles unmasked, then the partial last tile (if any) with keys past seq masked.
+        n_full = SEQ - SEQ % BLOCK_N
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, 0, n_full, offs_m,
+                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, n_full, SEQ,
+                                    offs_m, offs_n, qk_scale, SEQ, BLOCK_N, 2, UPCAST)
+    acc = acc / l_i[:, None]
+    # A masked pointer store: rows past seq belong to the next head, columns past head_dim to
+    # the next row (the epilogue is one tile per program, a small share of the traffic).
+    offs_d = tl.arange(0, BLOCK_D)
+    o_ptrs = (O + off_hz.to(tl.int64) * SEQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM
+              + offs_d[None, :])
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty),
+             mask=(offs_m < SEQ)[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+def _descriptor_pre_hook(nargs):
+    """Host descriptors carry their block shape: set it from the config being launched."""
+    if isinstance(nargs["Q"], TensorDescriptor):
+        block_d = nargs["BLOCK_D"]
+        nargs["Q"].block_shape = [nargs["BLOCK_M"], block_d]
+        nargs["K"].block_shape = [nargs["BLOCK_N"], block_d]
+        nargs["V"].block_shape = [nargs["BLOCK_N"], block_d]
+
+
+# Candidates for an H100 (block_m, block_n, num_warps, num_stages), few so that a new key tunes
+# quickly. 8 warps only with 128x128 tiles, as tutorial 06 prunes for Hopper; all have
+# block_n <= block_m, which causal masking needs (a diagonal block spans whole key tiles).
+# Configs that overflow shared memory (large head_dim) fail to compile and are skipped.
+CONFIGS = [
+    (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+    (64, 64, 4, 2), (64, 64, 4, 3),
+]
+
+
+def _prune(configs, named_args, **kwargs):
+    # 128-row blocks only when there are 128 queries to fill them.
+    seq = {**named_args, **kwargs}["SEQ"]
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, seq)]
+    return kept or configs
+
+
+_attn_fwd_tuned = triton.autotune(
+    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s,
+                   pre_hook=_descriptor_pre_hook) for bm, bn, w, s in CONFIGS],
+    key=["SEQ", "HEAD_DIM", "CAUSAL"],
+    prune_configs_by={"early_config_prune": _prune},
+)(_attn_fwd)
+
+
+def default_config(seq: int, head_dim: int, causal: bool) -> dict:
+    """A fixed launch config when not autotuning: (block_m, block_n, num_warps, num_stages)."""
+    if interpreting():
+        # The interpreter's cost is per program and per tile: small tiles, still several of them.
+        return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if seq <= 64:
+        return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+    if block_d <= 64:
+        return dict(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    if block_d <= 128:
+        return dict(block_m=128, block_n=128, num_warps=8, num_stages=2)
+    return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+
+
+def _use_host_descriptors(device: torch.device) -> bool:
+    """Host TensorDescriptors need TMA (sm_90+); the interpreter takes them too."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _check_inputs(q, k, v, causal, sm_scale):
+    """Validate; return sm_scale as a float."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64):
+            dt = str(t.dtype).replace("torch.", "")
+            raise TypeError(
+                f"{name} has dtype {dt}; the attention kernel runs on float16 or bfloat16 "
+                f"(tensor-core inputs): cast with .half() or .bfloat16(), or use "
+                f"kernels.attention.reference for {dt}"
+            )
+        check_tensor(name, t, dtypes=DTYPES, ndim=4)
+    check_same([("q", q), ("k", k), ("v", v)])
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"q, k and v must have the same shape (batch, heads, seq, head_dim), got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; different query and key "
+            f"lengths or head counts are not supported"
+        )
+    head_dim = q.shape[-1]
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"head_dim must be a multiple of 8 between 8 and {MAX_HEAD_DIM} (rows of 16 bytes for "
+            f"the tensor descriptors), got {head_dim}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_contiguous(name, t)
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}'s data is not 16-byte aligned (a sliced view?); call "
+                             f".clone() first")
+    if q.shape[0] * q.shape[1] * q.shape[2] >= 2**31:
+        raise ValueError(f"batch * heads * seq must be < 2**31, got shape {tuple(q.shape)}")
+    if q.shape[0] * q.shape[1] > 65535:
+        raise ValueError(f"batch * heads must be <= 65535 (a CUDA grid dimension), got shape "
+                         f"{tuple(q.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) \
+            or not math.isfinite(sm_scale):
+        raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def _check_block(name, value):
+    if not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
+    return value
+
+
+def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=None,
+                 num_warps=None, num_stages=None) -> torch.Tensor:
+    """FlashAttention-2 forward in one Triton kernel; grid (seq / block_m, batch * heads).
+
+    With every launch parameter None on a GPU, the kernel is autotuned over CONFIGS (keyed on seq,
+    head_dim and causal; the first call per key pays for the search). Otherwise the missing
+    parameters come from default_config, as they always do under the interpreter.
+    """
+    sm_scale = _check_inputs(q, k, v, causal, sm_scale)
+    batch, heads, seq, head_dim = q.shape
+    out = empty(q.shape, q.dtype, q.device)
+    if out.numel() == 0:
+        return out
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    tuned = not interpreting() and all(
+        p is None for p in (block_m, block_n, num_warps, num_stages))
+    host = _use_host_descriptors(q.device)
+    if host:
+        # Block shapes are filled in just before launch (by the autotuner's pre-hook when tuning).
+        q_arg, k_arg, v_arg = (TensorDescriptor(t, [batch * heads * seq, head_dim], [head_dim, 1],
+                                                [1, 1]) for t in (q, k, v))
+    else:
+        q_arg, k_arg, v_arg = q, k, v
+    args = (q_arg, k_arg, v_arg, out, sm_scale, batch * heads, seq)
+    consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
+                  UPCAST=_upcast_bf16(q.dtype))
+    if tuned:
+        grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+        _attn_fwd_tuned[grid](*args, **consts)
+        return out
+    cfg = default_config(seq, head_dim, causal)
+    block_m = _check_block("block_m", cfg["block_m"] if block_m is None else block_m)
+    block_n = _check_block("block_n", cfg["block_n"] if block_n is None else block_n)
+    if causal and block_m % block_n:
+        raise ValueError(f"causal attention needs block_m to be a multiple of block_n, got "
+                         f"block_m={block_m}, block_n={block_n}")
+    if host:
+        _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=block_m, BLOCK_N=block_n,
+                                  BLOCK_D=block_d))
+    grid = (triton.cdiv(seq, block_m), batch * heads)
+    _attn_fwd[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n,
+                    num_warps=cfg["num_warps"] if num_warps is None else num_warps,
+                    num_stages=cfg["num_stages"] if num_stages is None else num_stages)
+    return out
+
+
+# ---------------------------------------------------------------------------------- unfused
+
+
+def triton_unfused(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
+    """The naive algorithm as three Triton kernels, each writing its result to memory:
+    S = q k^T * scale (q's dtype), P = softmax(S) with the causal mask, O = P v.
+
+    The matmul and row-softmax kernels are those of kernels.softmax_matmul.
+    """
+    sm_scale = _check_inputs(q, k, v, causal, sm_scale)
+    batch, heads, seq, head_dim = q.shape
+    if q.numel() == 0:
+        return empty(q.shape, q.dtype, q.device)
+    q3, k3, v3 = (t.reshape(batch * heads, seq, head_dim) for t in (q, k, v))
+    s = _bmm(q3, k3.transpose(1, 2), alpha=sm_scale)
+    p = _softmax_rows(s, causal=causal)
+    return _bmm(p, v3).view(q.shape)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              sm_scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * sm_scale [causal mask]) @ v in one fused Triton kernel (forward only).
+
+    q, k, v: contiguous (batch, heads, seq, head_dim) tensors of one shape, float16 or bfloat16,
+    head_dim a multiple of 8 up to 256, any seq; on CUDA (or the CPU under TRITON_INTERPRET=1).
+    sm_scale defaults to 1/sqrt(head_dim). causal masks keys after the query (top-left aligned).
+    """
+    return triton_fused(q, k, v, causal, sm_scale)
+
+
+__all__ = ["attention", "default_config", "reference", "triton_fused", "triton_unfused"]

@@ -1,0 +1,293 @@
+"""Softmax then matmul, `softmax(x, -1) @ v`, for x (batch, d1, d2) and v (batch, d2, d3).
+
+Unfused, the (batch, d1, d2) probability matrix makes a round trip through device memory: the
+softmax kernel writes it, the matmul kernel reads it back. Fused, each program keeps a block of
+rows' probabilities in registers only: it walks d2 in chunks with the online-softmax recurrence
+(running max m, running sum l, and an output accumulator rescaled by exp(m_old - m_new) whenever
+the max grows, as in FlashAttention) and divides by l once at the end.
+
+Any d1, d2, d3 (masking, never refusing non-multiples), any strides, float32/float16/bfloat16.
+float32 matmuls run with `input_precision="ieee"` by default, like PyTorch's default; pass "tf32"
+for the tensor-core path. Half-precision probabilities are rounded to the input dtype before the
+product with v (as FlashAttention does) and accumulated in float32.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import check_same, check_tensor, empty, interpreting
+
+PRECISIONS = ("ieee", "tf32")
+
+
+def _upcast_bf16(dtype: torch.dtype) -> bool:
+    """Triton 3.6's interpreter multiplies bfloat16 tiles as their raw uint16 bits (numpy has no
+    bfloat16), so under it bfloat16 dots take float32 operands; exact, as bf16 products fit fp32."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+@triton.jit
+def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
+def reference(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The semantics, in PyTorch eager: the softmax matrix is materialised."""
+    return F.softmax(x, dim=-1) @ v
+
+
+def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The seed's PyTorch reference, kept under its own name."""
+    return F.softmax(x, dim) @ V
+
+
+# ------------------------------------------------------------------------------------ fused
+
+
+@triton.jit
+def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, d1, d2, d3,
+                           sx_b, sx_1, sx_2, sv_b, sv_2, sv_3, so_b, so_1, so_3,
+                           BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
+                           INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid_1 = tl.program_id(0)
+    pid_3 = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    # int64 row/column offsets: a (d1, d2) slice can exceed 2**31 elements.
+    rows = (pid_1 * BLOCK_1 + tl.arange(0, BLOCK_1)).to(tl.int64)
+    cols3 = (pid_3 * BLOCK_3 + tl.arange(0, BLOCK_3)).to(tl.int64)
+    offs_2 = tl.arange(0, BLOCK_2).to(tl.int64)
+    row_ok = rows < d1
+    col3_ok = cols3 < d3
+    x_rows = x_ptr + b * sx_b + rows[:, None] * sx_1
+    v_cols = v_ptr + b * sv_b + cols3[None, :] * sv_3
+
+    m = tl.full([BLOCK_1], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_1], tl.float32)
+    acc = tl.zeros([BLOCK_1, BLOCK_3], tl.float32)
+    for start in tl.range(0, d2, BLOCK_2):
+        ks = start + offs_2
+        k_ok = ks < d2
+        # Masked scores are -inf, so they add exp(-inf) = 0 to the sum and nothing to acc.
+        s = tl.load(x_rows + ks[None, :] * sx_2, mask=row_ok[:, None] & k_ok[None, :],
+                    other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(s, 1))
+        # Rows past d1 are all -inf: subtract 0 there instead of -inf (which would give NaN).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_sub)
+        p = tl.exp(s - m_sub[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        vt = tl.load(v_cols + ks[:, None] * sv_2, mask=k_ok[:, None] & col3_ok[None, :], other=0.0)
+        # p in v's dtype: fp16/bf16 runs on tensor cores, fp32 keeps full precision (or tf32).
+        acc = _dot(p.to(vt.dtype), vt, acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+        m = m_new
+    # Rows past d1 have l = 0; dividing them by 1 keeps 0/0 warnings out of the interpreter.
+    out = acc / tl.where(row_ok, l, 1.0)[:, None]
+    tl.store(out_ptr + b * so_b + rows[:, None] * so_1 + cols3[None, :] * so_3,
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col3_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------- unfused
+
+
+@triton.jit
+def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, so_2, scale,
+                         CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
+    """softmax(scale * x) over the last dim, one program per row, written in out's dtype.
+
+    CAUSAL masks columns past the row's index (attention's unfused path reuses this kernel).
+    Two passes over the row: an online max/sum, then the normalised write.
+    """
+    r = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    x_row = x_ptr + b * sx_b + r * sx_1
+    o_row = out_ptr + b * so_b + r * so_1
+    offs = tl.arange(0, BLOCK).to(tl.int64)
+    n = d2
+    if CAUSAL:
+        n = tl.minimum(d2, r + 1)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK], tl.float32)
+    for start in tl.range(0, n, BLOCK):
+        ks = start + offs
+        s = tl.load(x_row + ks * sx_2, mask=ks < n, other=float("-inf")).to(tl.float32) * scale
+        m_new = tl.maximum(m, s)
+        # Lanes that have seen only -inf keep l = 0 (no NaN from -inf - -inf).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - m_sub) + tl.exp(s - m_sub)
+        m = m_new
+    m_row = tl.max(m, 0)
+    l_row = tl.sum(l * tl.exp(m - m_row), 0)
+    for start in tl.range(0, d2, BLOCK):
+        ks = start + offs
+        s = tl.load(x_row + ks * sx_2, mask=ks < n, other=float("-inf")).to(tl.float32) * scale
+        p = tl.exp(s - m_row) / l_row
+        tl.store(o_row + ks * so_2, p.to(out_ptr.dtype.element_ty), mask=ks < d2)
+
+
+@triton.jit
+def _bmm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sa_b, sa_m, sa_k, sb_b, sb_k, sb_n, sc_b, sc_m, sc_n,
+                alpha, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """c[b] = alpha * a[b] @ b[b], float32 accumulation, any strides (so b may be a transpose)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    bi = tl.program_id(2).to(tl.int64)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K).to(tl.int64)
+    a_rows = a_ptr + bi * sa_b + rm[:, None] * sa_m
+    b_cols = b_ptr + bi * sb_b + rn[None, :] * sb_n
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for start in tl.range(0, K, BLOCK_K):
+        ks = start + rk
+        a = tl.load(a_rows + ks[None, :] * sa_k, mask=(rm[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)
+        bt = tl.load(b_cols + ks[:, None] * sb_k, mask=(ks[:, None] < K) & (rn[None, :] < N),
+                     other=0.0)
+        acc = _dot(a, bt, acc, INPUT_PRECISION, UPCAST)
+    tl.store(c_ptr + bi * sc_b + rm[:, None] * sc_m + rn[None, :] * sc_n,
+             (acc * alpha).to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def _softmax_rows(x: torch.Tensor, *, scale: float = 1.0, causal: bool = False, block=None,
+                  num_warps=None) -> torch.Tensor:
+    """softmax(scale * x, -1) of a 3-D tensor, in x's dtype (a stored intermediate)."""
+    batch, d1, d2 = x.shape
+    out = empty(x.shape, x.dtype, x.device)
+    if block is None:
+        block = min(max(16, triton.next_power_of_2(d2)), 4096)
+    if num_warps is None:
+        num_warps = max(1, min(8, block // 256))
+    _softmax_rows_kernel[(d1, batch)](x, out, d1, d2, *x.stride(), *out.stride(), float(scale),
+                                      CAUSAL=causal, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, input_precision="ieee",
+         block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3) -> torch.Tensor:
+    """a @ b for 3-D a (batch, M, K) and b (batch, K, N), output in a's dtype."""
+    batch, m, k = a.shape
+    n = b.shape[2]
+    c = empty((batch, m, n), a.dtype, a.device)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
+    _bmm_kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), float(alpha),
+                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                      INPUT_PRECISION=input_precision, UPCAST=_upcast_bf16(a.dtype),
+                      num_warps=num_warps, num_stages=num_stages)
+    return c
+
+
+# ------------------------------------------------------------------------------- public API
+
+
+def _check_inputs(x, v, input_precision):
+    """Validate; return the dot precision to compile with."""
+    check_tensor("x", x, ndim=3)
+    check_tensor("v", v, ndim=3)
+    check_same([("x", x), ("v", v)])
+    if x.shape[0] != v.shape[0]:
+        raise ValueError(f"x and v must have the same batch size, got x {tuple(x.shape)} and "
+                         f"v {tuple(v.shape)}")
+    if x.shape[2] != v.shape[1]:
+        raise ValueError(f"x's last dim (d2={x.shape[2]}) must equal v's dim 1 (got {v.shape[1]}): "
+                         f"x is (batch, d1, d2), v is (batch, d2, d3)")
+    if x.shape[0] > 65535:
+        raise ValueError(f"batch must be <= 65535 (a CUDA grid dimension), got {x.shape[0]}")
+    if input_precision is None:
+        input_precision = "ieee"
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
+    # Only float32 operands have a choice; for halves "tf32" is just the compiler default.
+    return input_precision if x.dtype == torch.float32 else "tf32"
+
+
+def _check_block(name, value):
+    if not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
+    return value
+
+
+def _pow2_block(n, lo, hi):
+    return min(max(lo, triton.next_power_of_2(max(n, 1))), hi)
+
+
+def _trivial(x, v):
+    """The output when a dim is empty (no launch), or None. An empty d2 gives zeros, like torch."""
+    batch, d1, d2 = x.shape
+    d3 = v.shape[2]
+    if batch * d1 * d3 == 0 or d2 == 0:
+        out = empty((batch, d1, d3), x.dtype, x.device)
+        return out.zero_()
+    return None
+
+
+def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precision=None,
+                 num_warps=None, num_stages=None) -> torch.Tensor:
+    """One Triton kernel: online softmax over d2 chunks, p @ v accumulated in float32.
+
+    Grid: (d1 blocks, d3 tiles, batch). block_3 tiles d3 so the (block_1, block_3) accumulator
+    fits in registers; each d3 tile recomputes the row softmax (cheap next to the matmul while
+    d3 / block_3 is small).
+    """
+    precision = _check_inputs(x, v, input_precision)
+    batch, d1, d2 = x.shape
+    d3 = v.shape[2]
+    block_1 = _check_block("block_1", _pow2_block(d1, 16, 64) if block_1 is None else block_1)
+    block_2 = _check_block("block_2", _pow2_block(d2, 16, 64) if block_2 is None else block_2)
+    block_3 = _check_block("block_3", _pow2_block(d3, 16, 128) if block_3 is None else block_3)
+    num_warps = 4 if num_warps is None else num_warps
+    num_stages = 2 if num_stages is None else num_stages
+    trivial = _trivial(x, v)
+    if trivial is not None:
+        return trivial
+    out = empty((batch, d1, d3), x.dtype, x.device)
+    grid = (triton.cdiv(d1, block_1), triton.cdiv(d3, block_3), batch)
+    _softmax_matmul_kernel[grid](x, v, out, d1, d2, d3, *x.stride(), *v.stride(), *out.stride(),
+                                 BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3,
+                                 INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
+                                 num_warps=num_warps,
+                                 num_stages=num_stages)
+    return out
+
+
+def triton_unfused(x, v, *, block_m=None, block_n=None, block_k=None, input_precision=None,
+                   num_warps=None, num_stages=None) -> torch.Tensor:
+    """Two Triton kernels: P = softmax(x) (stored, x's dtype), then P @ v (same dot precision)."""
+    precision = _check_inputs(x, v, input_precision)
+    batch, d1, d2 = x.shape
+    d3 = v.shape[2]
+    block_m = _check_block("block_m", 64 if block_m is None else block_m)
+    block_n = _check_block("block_n", 64 if block_n is None else block_n)
+    block_k = _check_block("block_k", 32 if block_k is None else block_k)
+    trivial = _trivial(x, v)
+    if trivial is not None:
+        return trivial
+    p = _softmax_rows(x)
+    return _bmm(p, v, input_precision=precision, block_m=block_m, block_n=block_n, block_k=block_k,
+                num_warps=4 if num_warps is None else num_warps,
+                num_stages=3 if num_stages is None else num_stages)
+
+
+def fused_softmax(x, V, BLOCK_1=16, BLOCK_2=16, input_precision=None) -> torch.Tensor:
+    """The seed's fused kernel under its own name and block arguments (= triton_fused)."""
+    return triton_fused(x, V, block_1=BLOCK_1, block_2=BLOCK_2, input_precision=input_precision)
+
+
+def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`softmax(x, -1) @ v` in one fused Triton kernel, the softmax matrix never stored.
+
+    x: (batch, d1, d2), v: (batch, d2, d3), one dtype (float32, float16 or bfloat16), any strides,
+    on CUDA (or on the CPU under TRITON_INTERPRET=1). float32 uses IEEE products, like PyTorch's
+    default; see triton_fused for tf32 and block sizes. Returns (batch, d1, d3) in x's dtype.
+    """
+    return triton_fused(x, v)
+
+
+__all__ = ["fused_softmax", "reference", "softmax_matmul", "softmax_mult", "triton_fused",
+           "triton_unfused"]

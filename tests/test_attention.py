@@ -1,0 +1,189 @@
+import importlib
+import math
+
+import pytest
+import torch
+
+import kernels
+
+from conftest import TOL, rel_err
+
+# The module, not the function: `kernels.attention` is the public function of the same name.
+at = importlib.import_module("kernels.attention")
+
+DTYPES = [torch.float16, torch.bfloat16]
+# Fused: p is rounded to the input dtype before p @ v (as in FlashAttention), scores stay float32.
+FUSED_TOL = {torch.float16: 3 * TOL[torch.float16], torch.bfloat16: 3 * TOL[torch.bfloat16]}
+# Unfused stores the scores and probabilities in the input dtype: two more roundings.
+UNFUSED_TOL = {torch.float16: 6 * TOL[torch.float16], torch.bfloat16: 8 * TOL[torch.bfloat16]}
+SEQS = [1, 37, 100]  # one query, and lengths that are not multiples of any block
+HEAD_DIMS = [16, 64, 80]  # 80 is padded to 128 inside the kernel
+
+
+def ref64(q, k, v, causal=False, sm_scale=None):
+    return at.reference(q.double(), k.double(), v.double(), causal, sm_scale)
+
+
+def ones(shape, device):
+    return torch.ones(shape, device=device, dtype=torch.float16)
+
+
+def qkv(shape, dtype, device, scale=1.0):
+    return tuple(torch.randn(shape, device=device, dtype=dtype) * scale for _ in range(3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq", SEQS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_fused_matches_float64(dtype, causal, seq, head_dim, device):
+    q, k, v = qkv((1, 2, seq, head_dim), dtype, device)
+    out = at.triton_fused(q, k, v, causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq", [37, 100])
+def test_unfused_matches_float64(dtype, causal, seq, device):
+    q, k, v = qkv((2, 1, seq, 32), dtype, device)
+    out = at.triton_unfused(q, k, v, causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_err(out, ref64(q, k, v, causal)) <= UNFUSED_TOL[dtype]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_public_function(causal, device):
+    q, k, v = qkv((2, 3, 50, 64), torch.float16, device)
+    out = kernels.attention(q, k, v, causal=causal)
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("block_m, block_n", [(16, 16), (32, 16), (64, 32), (64, 64), (16, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sizes(block_m, block_n, causal, device):
+    """Blocks below and above seq, block_n < block_m (several key tiles per diagonal block)."""
+    if causal and block_m % block_n:
+        pytest.skip("causal needs block_m to be a multiple of block_n (tested below)")
+    q, k, v = qkv((1, 2, 100, 32), torch.float16, device)
+    out = at.triton_fused(q, k, v, causal, block_m=block_m, block_n=block_n, num_warps=4,
+                          num_stages=2)
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("head_dim", [8, 32, 96, 128, 256])
+def test_head_dims(head_dim, device):
+    """Powers of two run natively; 8 and 96 are padded (to 16 and 128) with zero columns."""
+    q, k, v = qkv((1, 1, 40, head_dim), torch.bfloat16, device)
+    out = at.triton_fused(q, k, v, causal=True)
+    assert rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_device_side_descriptors(causal, device, monkeypatch):
+    """The pre-Hopper path: raw pointers, descriptors made inside the kernel."""
+    monkeypatch.setattr(at, "_use_host_descriptors", lambda dev: False)
+    q, k, v = qkv((2, 2, 37, 80), torch.float16, device)
+    out = at.triton_fused(q, k, v, causal, block_m=32, block_n=16)
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real autotuner")
+@pytest.mark.parametrize("causal", [False, True])
+def test_autotuned_launch(causal, device, monkeypatch):
+    """The GPU's default path (autotuner, descriptor pre-hook, pruning) under the interpreter,
+    with the timing replaced by one plain run of each config."""
+    runs = []
+
+    def one_run(kernel_call, quantiles):
+        kernel_call()
+        runs.append(1)
+        return [float(len(runs))] * 3
+
+    monkeypatch.setattr(at, "interpreting", lambda: False)
+    monkeypatch.setitem(at._attn_fwd_tuned.__dict__, "do_bench", one_run)
+    monkeypatch.setattr(at._attn_fwd_tuned, "cache", {})
+    q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
+    out = kernels.attention(q, k, v, causal=causal)
+    assert len(runs) == 2  # seq 100 prunes the 128-row configs: two 64-row ones are left
+    assert at._attn_fwd_tuned.best_config.kwargs["BLOCK_M"] == 64
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_large_scores_are_stable(causal, device):
+    """Scores of several hundred (exp overflows float32 without the running max); the largest
+    key comes last, so the max jumps between tiles and the accumulator must be rescaled."""
+    q, k, v = qkv((1, 2, 64, 64), torch.float16, device, scale=4.0)
+    k[:, :, -1] = q[:, :, -1] * 2
+    out = at.triton_fused(q, k, v, causal, block_m=16, block_n=16)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+
+
+def test_sm_scale(device):
+    q, k, v = qkv((1, 2, 37, 64), torch.float16, device)
+    for scale in (0.5, 1, 1 / math.sqrt(64)):
+        out = kernels.attention(q, k, v, sm_scale=scale)
+        assert rel_err(out, ref64(q, k, v, False, scale)) <= FUSED_TOL[torch.float16]
+    # None means 1/sqrt(head_dim)
+    assert torch.equal(kernels.attention(q, k, v), kernels.attention(q, k, v, sm_scale=0.125))
+
+
+def test_one_query_attends_to_itself(device):
+    """Causal row 0 sees key 0 only: its output is v[0] exactly."""
+    q, k, v = qkv((1, 1, 37, 16), torch.float16, device)
+    out = kernels.attention(q, k, v, causal=True)
+    assert torch.equal(out[..., 0, :], v[..., 0, :])
+
+
+def test_empty(device):
+    q, k, v = qkv((0, 2, 8, 16), torch.float16, device)
+    assert at.triton_fused(q, k, v).shape == (0, 2, 8, 16)
+
+
+def test_reference_is_naive_torch(device):
+    q, k, v = qkv((1, 2, 9, 16), torch.float32, device)
+    expected = torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1) @ v
+    assert torch.allclose(at.reference(q, k, v), expected, atol=1e-6)
+
+
+def test_default_config_interpreted():
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's fixed config")
+    assert at.default_config(100, 64, False)["block_m"] == 16
+
+
+@pytest.mark.parametrize(
+    "args, exc, words",
+    [
+        (lambda d: qkv((1, 1, 8, 16), torch.float32, d), TypeError, "float16 or bfloat16"),
+        (lambda d: qkv((1, 8, 16), torch.float16, d), ValueError, "4-D"),
+        (lambda d: qkv((1, 1, 8, 16), torch.float16, d)[:2] + (ones((1, 1, 9, 16), d),),
+         ValueError, "same shape"),
+        (lambda d: qkv((1, 1, 8, 16), torch.float16, d)[:2] + (ones((1, 1, 8, 16), d).bfloat16(),),
+         TypeError, "bfloat16"),
+        (lambda d: qkv((1, 1, 8, 20), torch.float16, d), ValueError, "multiple of 8"),
+        (lambda d: qkv((1, 1, 8, 512), torch.float16, d), ValueError, "head_dim"),
+        (lambda d: tuple(t.transpose(1, 2) for t in qkv((1, 8, 2, 16), torch.float16, d)),
+         ValueError, "not contiguous"),
+        (lambda d: (torch.ones(1, 1, 8, 16, dtype=torch.int32, device=d),) * 3, TypeError,
+         "int32"),
+    ],
+)
+def test_bad_inputs_raise(args, exc, words, device):
+    with pytest.raises(exc, match=words):
+        kernels.attention(*args(device))
+
+
+def test_bad_options_raise(device):
+    q, k, v = qkv((1, 1, 8, 16), torch.float16, device)
+    with pytest.raises(TypeError, match="sm_scale"):
+        kernels.attention(q, k, v, sm_scale="0.1")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        kernels.attention(q, k, v, causal=1)
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        at.triton_fused(q, k, v, causal=True, block_m=16, block_n=32)
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        at.triton_fused(q, k, v, block_m=48)

@@ -1,0 +1,139 @@
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+from conftest import TOL, rel_err
+
+# The module, not the function: `kernels.softmax_matmul` is the public function of the same name.
+sm = importlib.import_module("kernels.softmax_matmul")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# float32 runs IEEE products: near its TOL. Half precision rounds p to the input dtype before the
+# product with v (as FlashAttention does): a few ulps of the dtype on max|ref|.
+FUSED_TOL = {torch.float32: 10 * TOL[torch.float32], torch.float16: 3 * TOL[torch.float16],
+             torch.bfloat16: 3 * TOL[torch.bfloat16]}
+TF32_TOL = 3e-3
+# (batch, d1, d2, d3): all ones, odd sizes, several d2 chunks, a d3 past one tile
+SHAPES = [(1, 1, 1, 1), (2, 17, 33, 19), (1, 64, 128, 32), (3, 5, 200, 7), (1, 20, 40, 150)]
+
+
+def ref64(x, v):
+    return F.softmax(x.double(), dim=-1) @ v.double()
+
+
+def inputs(shape, dtype, device, scale=1.0):
+    b, d1, d2, d3 = shape
+    x = torch.randn(b, d1, d2, device=device, dtype=dtype) * scale
+    v = torch.randn(b, d2, d3, device=device, dtype=dtype)
+    return x, v
+
+
+@pytest.mark.parametrize("impl", [sm.triton_fused, sm.triton_unfused, kernels.softmax_matmul])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_float64(impl, dtype, shape, device):
+    x, v = inputs(shape, dtype, device)
+    out = impl(x, v)
+    b, d1, _, d3 = shape
+    assert out.shape == (b, d1, d3) and out.dtype == dtype
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
+
+
+@pytest.mark.parametrize("block_1, block_2, block_3", [(16, 16, 16), (32, 64, 16), (16, 32, 64),
+                                                       (64, 16, 32)])
+def test_block_sizes(block_1, block_2, block_3, device):
+    """Blocks smaller and larger than the odd dims: masking on every edge, d3 in several tiles."""
+    x, v = inputs((2, 37, 70, 45), torch.float32, device)
+    out = sm.triton_fused(x, v, block_1=block_1, block_2=block_2, block_3=block_3)
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[torch.float32]
+
+
+def test_unfused_block_sizes(device):
+    x, v = inputs((2, 37, 70, 45), torch.float32, device)
+    out = sm.triton_unfused(x, v, block_m=16, block_n=32, block_k=16)
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_d3_tiled(dtype, device):
+    """d3 = 300 with block_3 = 128: three d3 tiles, each recomputing the row softmax."""
+    x, v = inputs((1, 16, 48, 300), dtype, device)
+    out = sm.triton_fused(x, v, block_3=128)
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("impl", [sm.triton_fused, sm.triton_unfused])
+def test_large_scores_are_stable(impl, dtype, device):
+    """Scores around 1e3 overflow exp without the running max; the max also jumps between
+    d2 chunks (the largest score sits in the last chunk), exercising the rescaling."""
+    x, v = inputs((2, 16, 100, 24), dtype, device, scale=1e3)
+    x[:, :, -1] = 2e3
+    out = impl(x, v) if impl is sm.triton_unfused else impl(x, v, block_2=16)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
+
+
+@pytest.mark.parametrize("impl", [sm.triton_fused, sm.triton_unfused])
+def test_tf32(impl, device):
+    x, v = inputs((2, 17, 65, 33), torch.float32, device)
+    assert rel_err(impl(x, v, input_precision="tf32"), ref64(x, v)) <= TF32_TOL
+
+
+def test_strided_inputs(device):
+    """Strides go to the kernel: transposed and broadcast views need no copy."""
+    x = torch.randn(2, 40, 17, device=device).transpose(1, 2)  # (2, 17, 40), d2 stride 17
+    v = torch.randn(1, 19, 40, device=device).transpose(1, 2).expand(2, 40, 19)
+    assert not x.is_contiguous() and not v.is_contiguous()
+    for impl in (sm.triton_fused, sm.triton_unfused):
+        assert rel_err(impl(x, v), ref64(x, v)) <= FUSED_TOL[torch.float32]
+
+
+def test_seed_names(device):
+    x, v = inputs((2, 17, 33, 19), torch.float32, device)
+    assert torch.allclose(sm.softmax_mult(x, v), F.softmax(x, dim=-1) @ v)
+    assert torch.equal(sm.reference(x, v), sm.softmax_mult(x, v))
+    out = sm.fused_softmax(x, v, BLOCK_1=16, BLOCK_2=16)
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[torch.float32]
+
+
+def test_empty_dims(device):
+    x, v = inputs((2, 0, 5, 3), torch.float32, device)
+    assert sm.triton_fused(x, v).shape == (2, 0, 3)
+    # softmax over an empty d2 times an empty v: zeros, as in torch
+    x, v = inputs((2, 3, 0, 4), torch.float32, device)
+    for impl in (sm.triton_fused, sm.triton_unfused):
+        assert torch.equal(impl(x, v), sm.reference(x, v))
+
+
+@pytest.mark.parametrize(
+    "args, exc, words",
+    [
+        (lambda d: (torch.ones(3, 4, device=d), torch.ones(1, 4, 2, device=d)), ValueError, "3-D"),
+        (lambda d: (torch.ones(2, 3, 4, device=d), torch.ones(3, 4, 2, device=d)), ValueError,
+         "batch"),
+        (lambda d: (torch.ones(2, 3, 4, device=d), torch.ones(2, 5, 2, device=d)), ValueError,
+         "d2"),
+        (lambda d: (torch.ones(1, 3, 4, device=d), torch.ones(1, 4, 2, device=d).half()),
+         TypeError, "float16"),
+        (lambda d: (torch.ones(1, 3, 4, device=d, dtype=torch.int32),) * 2, TypeError, "int32"),
+        (lambda d: ([[[1.0]]], torch.ones(1, 1, 1, device=d)), TypeError, "x must be a torch"),
+    ],
+)
+def test_bad_inputs_raise(args, exc, words, device):
+    with pytest.raises(exc, match=words):
+        kernels.softmax_matmul(*args(device))
+
+
+def test_bad_options_raise(device):
+    x, v = inputs((1, 4, 4, 4), torch.float32, device)
+    with pytest.raises(ValueError, match="input_precision"):
+        sm.triton_fused(x, v, input_precision="bf16x3")
+    with pytest.raises(ValueError, match="block_2 must be a power of two >= 16"):
+        sm.triton_fused(x, v, block_2=8)
+    with pytest.raises(ValueError, match="block_3 must be a power of two"):
+        sm.triton_fused(x, v, block_3=48)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import attention, elementwise, machine, reductions, schema, summary, sweep
+from . import attention, elementwise, machine, matmul_epilogue, reductions, schema, summary, sweep
 
 FAMILIES = {
     "elementwise": elementwise.problems,
@@ -21,6 +21,8 @@ FAMILIES = {
     "layernorm": reductions.layernorm_problems,
     "softmax_matmul": attention.softmax_matmul_problems,
     "attention": attention.attention_problems,
+    "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
+    "linear_act": matmul_epilogue.linear_act_problems,
 }
 
 

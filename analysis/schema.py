@@ -20,10 +20,14 @@ BASE = {
 }
 MEASURED = {
     # sweep: which sub-grid the row belongs to ("size": default launch settings, "block": the
-    # block-size sweep), so a figure never mixes them by accident.
-    "sweep": S, "variant": S, "block": I, "num_warps": I, "status": S, "error": S, "ms_median": F, "ms_mean": F, "ms_std": F,
-    "ms_min": F, "n_reps": I, "peak_mib": F, "bytes_model": F, "bytes_impl": F, "flops_model": F,
+    # block-size / config sweep), so a figure never mixes them by accident. variant: which kernel
+    # or path of the impl ran, where it has several.
+    "sweep": S, "variant": S, "block": I, "num_warps": I, "status": S, "error": S,
+    "ms_median": F, "ms_mean": F, "ms_std": F, "ms_min": F, "n_reps": I, "peak_mib": F, "bytes_model": F, "bytes_impl": F, "flops_model": F,
     "gbps": F, "tflops": F, "pct_copy_bw": F, "pct_matmul_peak": F, "max_rel_err": F,
+    # Added after the first reference run: median per call under CUDA-graph replay (no launch
+    # overhead, no L2 flush).
+    "ms_graph": F,
 }
 # Shape columns of each family.
 FAMILY_SHAPES = {
@@ -32,6 +36,9 @@ FAMILY_SHAPES = {
     "layernorm": {"rows": I, "width": I, "direction": S},
     "softmax_matmul": {"batch": I, "d1": I, "d2": I, "d3": I},
     "attention": {"batch": I, "heads": I, "seq": I, "head_dim": I, "causal": pa.bool_()},
+    # x (m, k) @ weight (k, n): for matmul_softmax m is the batch B and n the classes C.
+    "matmul_softmax": {"m": I, "k": I, "n": I},
+    "linear_act": {"m": I, "k": I, "n": I, "activation": S},
 }
 STATUSES = ("ok", "oom", "out_of_resources", "compile_error", "unsupported", "wrong_result")
 

@@ -24,7 +24,7 @@ import torch
 from kernels import poisoned_outputs
 
 from . import schema
-from .timing import bench, peak_mib
+from .timing import bench, graph_ms, peak_mib
 
 
 @dataclass
@@ -36,6 +36,9 @@ class Variant:
     bytes_impl: float | None = None
     sweep: str = "size"
     variant: str | None = None  # which kernel/path of the impl, where it has several
+    # A variant that computes something else than the problem (e.g. the matmul alone, to show
+    # what the epilogue costs) is checked against its own float64 reference.
+    reference: Callable | None = None
 
 
 @dataclass
@@ -133,8 +136,10 @@ def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> 
             out = variant.fn(*inputs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if variant.reference is not None:
+            ref = variant.reference(*to_float64(inputs))
         err = max_rel_err(out, ref)
-        del out
+        del out, ref
         if not err <= problem.tolerance:
             return dict(base, status="wrong_result", max_rel_err=err,
                         error=f"max_rel_err {err:.3g} > tolerance {problem.tolerance:.3g}")
@@ -145,6 +150,7 @@ def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> 
         return _failure_row(base, exc)
     ms = timing["ms_median"]
     row = dict(base, status="ok", max_rel_err=err, peak_mib=peak, **timing)
+    row["ms_graph"] = graph_ms(lambda: variant.fn(*inputs), device)
     row["gbps"] = problem.bytes_model / ms / 1e6
     row["tflops"] = problem.flops_model / ms / 1e9
     copy_bw = limits.get(("copy_bw", "ieee"))

@@ -52,3 +52,19 @@ def peak_mib(fn, device: torch.device) -> float | None:
     peak = torch.cuda.max_memory_allocated(device) - base
     del out
     return peak / 2**20
+
+
+def graph_ms(fn, device: torch.device) -> float | None:
+    """Median time per call replaying a CUDA graph of many calls (triton's do_bench_cudagraph):
+    the host's launch overhead taken out. No L2 flush between calls, so inputs smaller than the L2
+    stay there: this is the GPU-side cost of a call in a stream of work, not a cold call. None where
+    the call cannot be captured."""
+    if device.type != "cuda":
+        return None
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return float(do_bench_cudagraph(fn, rep=20, return_mode="median"))
+    except Exception:  # noqa: BLE001 - not capturable (host sync, dynamic allocation, ...)
+        torch.cuda.synchronize(device)
+        return None

@@ -142,3 +142,38 @@ def attention_kernels(batch, heads, seq, head_dim, itemsize, impl, score_bytes=4
 def attention_flops(batch, heads, seq, head_dim, causal: bool) -> float:
     """4 B H N^2 D (two matmuls), halved for causal: the convention FlashAttention reports in."""
     return 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+
+
+# --- Matmul epilogues ------------------------------------------------------------------------------
+
+def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None) -> list[Kernel]:
+    """x (B, K) @ W (K, C) + b, then a row softmax. Unfused (and eager): the logits are written and
+    read back. Fused: read x, W, b, write the probabilities; the "online" method reads x and W a
+    second time to recompute the logits (twice the FLOPs) instead of storing them;
+    "two_pass_store" writes the logits into the output and rewrites them in place."""
+    x, w, b, o = B * K * itemsize, K * C * itemsize, C * itemsize, B * C * itemsize
+    stats = B * 4 * 2
+    if impl == "cublas":
+        return [Kernel("logits = x @ W + b", x + w + b, o)]
+    if impl in UNFUSED_IMPLS:
+        return [Kernel("logits = x @ W + b", x + w + b, o), Kernel("softmax(logits)", o, o)]
+    if method == "online":
+        return [Kernel("pass 1: logits tiles -> row max, sum", x + w + b, stats),
+                Kernel("pass 2: recompute logits, write probs", x + w + b + stats, o)]
+    if method == "two_pass_store":
+        return [Kernel("pass 1: logits -> out, row max, sum", x + w + b, o + stats),
+                Kernel("pass 2: normalise in place", o + stats, o)]
+    return [Kernel("softmax(x @ W + b)", x + w + b, o)]
+
+
+def matmul_softmax_flops(B, K, C) -> int:
+    return 2 * B * K * C + 5 * B * C
+
+
+def linear_act_kernels(M, K, N, itemsize, impl) -> list[Kernel]:
+    x, w, b, o = M * K * itemsize, K * N * itemsize, N * itemsize, M * N * itemsize
+    if impl == "cublas":
+        return [Kernel("x @ W", x + w, o)]
+    if impl in UNFUSED_IMPLS:
+        return [Kernel("h = x @ W + b", x + w + b, o), Kernel("act(h)", o, o)]
+    return [Kernel("act(x @ W + b)", x + w + b, o)]

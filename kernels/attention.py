@@ -268,6 +268,10 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
                                                 [1, 1]) for t in (q, k, v))
     else:
         q_arg, k_arg, v_arg = q, k, v
+        if q.is_cuda:
+            # Descriptors made inside the kernel need a global-memory scratch area on sm_90+.
+            triton.set_allocator(lambda size, alignment, stream:
+                                 torch.empty(size, dtype=torch.int8, device=q.device))
     args = (q_arg, k_arg, v_arg, out, sm_scale, batch * heads, seq)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype))

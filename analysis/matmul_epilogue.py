@@ -1,0 +1,140 @@
+"""Sweep grids of the matmul-epilogue families: softmax(x @ W + b) (seed 000) and
+act(x @ W + b) (seed 001's matmul + activation)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels import matmul_epilogue as me
+
+from . import traffic
+from .attention import tf32
+from .sweep import Compiled, Problem, Variant
+
+TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
+
+SEED_SHAPES = [(64, 128, 10), (256, 512, 50), (1024, 1024, 100)]  # (B, K, C)
+MS_GRIDS = {
+    "full": {
+        torch.float32: SEED_SHAPES,
+        torch.float16: SEED_SHAPES + [
+            (65536, 128, 10), (65536, 512, 50), (65536, 1024, 100),  # the seed's, batch scaled up
+            (65536, 512, 256), (8192, 4096, 1024), (16384, 4096, 4096),
+            (16384, 1024, 32000), (4096, 1024, 128256)],
+    },
+    "smoke": {torch.float32: [(33, 70, 50)], torch.float16: [(40, 64, 300)]},
+}
+LA_GRIDS = {
+    "full": [(torch.float16, 8192, 8192, 8192, "gelu"), (torch.float16, 8192, 8192, 8192, "relu"),
+             (torch.float16, 4096, 4096, 4096, "gelu"), (torch.bfloat16, 8192, 8192, 8192, "gelu"),
+             (torch.float32, 4096, 4096, 4096, "gelu")],
+    "smoke": [(torch.float16, 64, 48, 80, "gelu"), (torch.float32, 33, 40, 20, "relu")],
+}
+
+
+def _name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _ms_inputs(B, K, C, dtype, device):
+    x = torch.randn(B, K, device=device, dtype=dtype)
+    w = torch.randn(K, C, device=device, dtype=dtype) * K**-0.5
+    b = 0.1 * torch.randn(C, device=device, dtype=dtype)
+    return x, w, b
+
+
+def _logits(x, w, b):
+    return torch.addmm(b, x, w)
+
+
+def matmul_softmax_problems(grid: str = "full") -> list[Problem]:
+    out = []
+    for dtype, shapes in MS_GRIDS[grid].items():
+        s = torch.empty((), dtype=dtype).element_size()
+        precisions = ["ieee", "tf32"] if dtype == torch.float32 else [_name(dtype)]
+        for precision in precisions:
+            for B, K, C in shapes:
+                out.append(_ms_problem(B, K, C, dtype, s, precision))
+    return out
+
+
+def _ms_problem(B, K, C, dtype, s, precision):
+    kw = {"input_precision": precision} if dtype == torch.float32 else {}
+    use_tf32 = precision == "tf32"
+
+    def nbytes(impl, method=None):
+        return traffic.total(traffic.matmul_softmax_kernels(B, K, C, s, impl, method))
+    plan = me.matmul_softmax_plan(B, K, C, dtype, **kw)
+    variants = [
+        Variant("torch_eager", tf32(me.matmul_softmax_reference, use_tf32),
+                bytes_impl=nbytes("torch_eager")),
+        Variant("cublas", tf32(_logits, use_tf32), variant="x @ W + b alone",
+                reference=_logits, bytes_impl=nbytes("cublas")),
+        Variant("triton_unfused", functools.partial(me.matmul_softmax_unfused, **kw),
+                bytes_impl=nbytes("triton_unfused")),
+        Variant("triton_fused", functools.partial(me.matmul_softmax_fused, **kw),
+                variant=plan.method, bytes_impl=nbytes("triton_fused", plan.method)),
+    ]
+    for method in me.METHODS:
+        if method == plan.method:
+            continue
+        if method == me.SIMPLE and C > me.MAX_SIMPLE_C or method == me.TILED and C > me.MAX_TILED_C:
+            continue
+        if method == me.SIMPLE and B * C > 2**24:  # one program per row, no tensor cores: slow
+            continue
+        variants.append(Variant("triton_fused",
+                                functools.partial(me.matmul_softmax_fused, method=method, **kw),
+                                sweep="method", variant=method,
+                                bytes_impl=nbytes("triton_fused", method)))
+    variants.append(Variant("torch_compile", tf32(Compiled(me.matmul_softmax_reference), use_tf32),
+                            bytes_impl=nbytes("torch_compile")))
+    return Problem(
+        family="matmul_softmax", op="matmul_softmax", dtype=dtype, precision=precision,
+        shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_ms_inputs, B, K, C, dtype),
+        reference=me.matmul_softmax_reference, bytes_model=nbytes("triton_fused"),
+        flops_model=traffic.matmul_softmax_flops(B, K, C), tolerance=TOLERANCE[precision],
+        variants=variants)
+
+
+def _la_inputs(M, K, N, dtype, device):
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = torch.randn(K, N, device=device, dtype=dtype) * K**-0.5
+    b = 0.1 * torch.randn(N, device=device, dtype=dtype)
+    return x, w, b
+
+
+def _plain_matmul(x, w, b):
+    return x @ w
+
+
+def linear_act_problems(grid: str = "full") -> list[Problem]:
+    out = []
+    for dtype, M, K, N, act in LA_GRIDS[grid]:
+        s = torch.empty((), dtype=dtype).element_size()
+        precision = "tf32" if dtype == torch.float32 else _name(dtype)
+        kw = {"input_precision": "tf32"} if dtype == torch.float32 else {}
+        use_tf32 = dtype == torch.float32
+        ref = functools.partial(me.linear_act_reference, activation=act)
+
+        def nbytes(impl, M=M, K=K, N=N, s=s):
+            return traffic.total(traffic.linear_act_kernels(M, K, N, s, impl))
+        variants = [
+            Variant("torch_eager", tf32(ref, use_tf32), bytes_impl=nbytes("torch_eager")),
+            Variant("cublas", tf32(_plain_matmul, use_tf32), variant="x @ W alone",
+                    reference=_plain_matmul, bytes_impl=nbytes("cublas")),
+            Variant("triton_unfused",
+                    functools.partial(me.linear_act_unfused, activation=act, **kw),
+                    bytes_impl=nbytes("triton_unfused")),
+            Variant("triton_fused", functools.partial(me.linear_act_fused, activation=act, **kw),
+                    bytes_impl=nbytes("triton_fused")),
+            Variant("torch_compile", tf32(Compiled(ref), use_tf32),
+                    bytes_impl=nbytes("torch_compile")),
+        ]
+        out.append(Problem(
+            family="linear_act", op=f"linear_{act}", dtype=dtype, precision=precision,
+            shape=dict(m=M, k=K, n=N, activation=act),
+            make_inputs=functools.partial(_la_inputs, M, K, N, dtype), reference=ref,
+            bytes_model=nbytes("triton_fused"), flops_model=2 * M * N * K,
+            tolerance=TOLERANCE[precision], variants=variants))
+    return out

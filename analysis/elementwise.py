@@ -78,7 +78,7 @@ def problems(grid: str = "full") -> list[Problem]:
                     reference=ew.reference,
                     bytes_model=traffic.add_mul_bytes(n, itemsize, z_kind, "triton_fused"),
                     flops_model=traffic.add_mul_flops(n),
-                    tolerance=TOLERANCE[dtype], variants=variants))
+                    tolerance=TOLERANCE[dtype], variants=variants, graph=True))
     return out
 
 

@@ -94,7 +94,7 @@ def _ms_problem(B, K, C, dtype, s, precision):
         shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_ms_inputs, B, K, C, dtype),
         reference=me.matmul_softmax_reference, bytes_model=nbytes("triton_fused"),
         flops_model=traffic.matmul_softmax_flops(B, K, C), tolerance=TOLERANCE[precision],
-        variants=variants)
+        variants=variants, graph=True)
 
 
 def _la_inputs(M, K, N, dtype, device):

@@ -67,7 +67,7 @@ def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
     return p[[c for c in IMPL_ORDER if c in p.columns] + [c for c in p.columns if c not in IMPL_ORDER]]
 
 
-def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> str:
+def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "Markdown":
     """A pipe table (Quarto renders it in HTML and typst alike), with no extra dependency."""
     if index:
         df = df.reset_index()
@@ -79,7 +79,7 @@ def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> st
     rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else ":---"
                           for c in df.columns) + "|"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
+    return Markdown("\n".join([head, rule, *body]))
 
 
 def pow2(n: int, plot: bool = False) -> str:
@@ -96,14 +96,15 @@ def tbps(gbps: float) -> str:
     return f"{gbps / 1000:.2f} TB/s"
 
 
-class _Text(str):
-    """A string that Jupyter displays as markdown (so inline `{python}` values render without
-    quotes); plain `str` everywhere else."""
+class Markdown(str):
+    """A string that Jupyter displays as markdown: inline `{python}` values render without quotes,
+    and a cell ending in one shows a table. (IPython's own Markdown would need IPython, which the
+    GPU machine that runs the tests may lack.)"""
 
     def _repr_markdown_(self):
         return str(self)
 
 
-def md(value, fmt: str | None = None) -> _Text:
+def md(value, fmt: str | None = None) -> Markdown:
     """Format a value for inline use in prose: `{python} md(x, '.2f')`."""
-    return _Text(format(value, fmt) if fmt else str(value))
+    return Markdown(format(value, fmt) if fmt else str(value))

@@ -48,7 +48,7 @@ def test_chapter_cells_run(qmd, tmp_path, monkeypatch):
             for i, num in enumerate(plt.get_fignums()):
                 plt.figure(num).savefig(figures_dir / f"{qmd.stem}-{label}-{i}.png", dpi=80)
         if label.startswith("tbl-"):
-            markdown = getattr(value, "data", None)
+            markdown = value._repr_markdown_() if hasattr(value, "_repr_markdown_") else None
             assert isinstance(markdown, str) and markdown.count("\n|") >= 2, \
                 f"{qmd.name}: cell {label} shows no table with rows"
             assert "nan" not in markdown.lower(), f"{qmd.name}: {label} shows a NaN"

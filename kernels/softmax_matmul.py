@@ -238,9 +238,11 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
     precision = _check_inputs(x, v, input_precision)
     batch, d1, d2 = x.shape
     d3 = v.shape[2]
-    block_1 = _check_block("block_1", _pow2_block(d1, 16, 64) if block_1 is None else block_1)
-    block_2 = _check_block("block_2", _pow2_block(d2, 16, 64) if block_2 is None else block_2)
-    block_3 = _check_block("block_3", _pow2_block(d3, 16, 128) if block_3 is None else block_3)
+    # Defaults from a config search on the H100 (analysis/tune.py, NOTES.md): 32 x 32 score tiles
+    # and a 256-wide slice of d3 per program beat larger score tiles by ~2x at d3 = 512.
+    block_1 = _check_block("block_1", _pow2_block(d1, 16, 32) if block_1 is None else block_1)
+    block_2 = _check_block("block_2", _pow2_block(d2, 16, 32) if block_2 is None else block_2)
+    block_3 = _check_block("block_3", _pow2_block(d3, 16, 256) if block_3 is None else block_3)
     num_warps = 4 if num_warps is None else num_warps
     num_stages = 2 if num_stages is None else num_stages
     trivial = _trivial(x, v)

@@ -1,0 +1,773 @@
+"""Matmul epilogue fusion: a matmul whose output is transformed before it is stored.
+
+Two ops share one Triton matmul kernel here:
+
+- `matmul_softmax(x, weight, bias)` = softmax(x @ weight + bias, -1), softmax regression: x (B, K),
+  weight (K, C), bias (C,). Unfused, the (B, C) logits are written by the matmul and read back by
+  a softmax kernel; fused, only the probabilities are written.
+- `linear_act(x, weight, bias, activation)` = act(x @ weight + bias): x (M, K), weight (K, N), i.e.
+  `x @ weight`, NOT F.linear's (N, K) layout (pass `linear.weight.t()`, any strides work). Unfused,
+  the pre-activation makes a round trip through memory; fused, the bias and activation are applied
+  to the float32 accumulator before the single store.
+
+In both unfused baselines the bias is added in the matmul's epilogue (as cuBLAS's addmm does), so
+fused vs unfused isolates the round trip of the (B, C) / (M, N) intermediate, stored in the input
+dtype as PyTorch eager stores it.
+
+matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_softmax_plan`):
+
+- "simple": one program per row, all C logits of the row in registers, the product as broadcast
+  multiply + tl.sum over K chunks (no tl.dot, no tensor cores). For C <= 1024; the seed's kernel.
+- "tiled": a (block_b, all C) tile per program, tl.dot over K, bias + row softmax in registers, one
+  store. Reads x once, writes probs once: the traffic floor. For C <= 512 (the tile must fit).
+- "online": for large C, a 2-D grid of (row block, C tile) programs and no logits in memory.
+  Pass 1 computes each logits tile and stores only its per-row (max, sum of exp) partials; a tiny
+  kernel combines a row's partials into (m, 1/l); pass 2 recomputes each logits tile and writes
+  exp(s - m) / l. 2x the matmul FLOPs (2BCK extra), no (B, C) intermediate.
+- "two_pass_store": pass 1 is the same matmul but also stores the logits, in the output buffer in
+  the output dtype; pass 2 is a light elementwise kernel that rewrites that buffer in place as
+  probs. One matmul; the logits cost one extra write and read (2BC elements) but no separate
+  max/sum reduction pass (the partials come from the matmul's epilogue).
+
+Recompute vs store: "online" pays 2BCK FLOPs, "two_pass_store" pays 2BC*e bytes (e bytes an
+element); recomputing wins while K / peak_flops < e / bandwidth, i.e. K below ~2*665/3.0 ~ 440 for
+fp16 on an H100 (less for IEEE float32, whose FMA peak is ~10x lower). `ONLINE_MAX_K` holds the
+thresholds that `method=None` uses.
+
+Precision: float32 inputs take `input_precision="ieee"` in matmul_softmax by default, matching
+PyTorch's default (torch.backends.cuda.matmul.allow_tf32=False; the caller controls that flag for
+the references), "tf32" on request. linear_act defaults to "tf32" for float32 (what fast float32
+GEMMs use; label such rows tf32), "ieee" on request. float16/bfloat16 dots run in that dtype with
+float32 accumulation. Softmax and activation math run in float32; outputs are in the input dtype.
+
+Tile sizes come from deterministic heuristics (no autotuning), overridable by keyword.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import check_same, check_tensor, default_warps, empty, interpreting
+
+PRECISIONS = ("ieee", "tf32")
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
+SIMPLE, TILED, ONLINE, TWO_PASS_STORE = "simple", "tiled", "online", "two_pass_store"
+METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE)
+
+# Largest class tile each single-tile method accepts (after padding C to a power of two).
+MAX_SIMPLE_C = 1024
+MAX_TILED_C = 512
+# method=None recomputes the logits ("online") up to this K, else stores them (module docstring).
+ONLINE_MAX_K = {"half": 256, "tf32": 256, "ieee": 64}
+# Super-grouping of row blocks (Triton's matmul tutorial): programs that run together share
+# weight tiles in L2.
+GROUP = 8
+# SMs assumed when there is no GPU to ask (an H100 SXM), so the interpreter plans like an H100.
+DEFAULT_SM_COUNT = 132
+
+NEG_INF = tl.constexpr(float("-inf"))
+
+
+# ------------------------------------------------------------------------------------------------
+# References
+
+
+def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """The semantics, in PyTorch eager (matmul, bias add and softmax: three kernels).
+
+    float32 inputs follow torch.backends.cuda.matmul.allow_tf32, which the caller controls
+    (False, IEEE, is PyTorch's default).
+    """
+    logits = x @ weight
+    if bias is not None:
+        logits = logits + bias
+    return torch.softmax(logits, -1)
+
+
+def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
+                         activation: str = "gelu") -> torch.Tensor:
+    """act(x @ weight + bias) in PyTorch eager; weight is (K, N). Same tf32 caveat as above."""
+    h = x @ weight
+    if bias is not None:
+        h = h + bias
+    if activation == "relu":
+        return torch.relu(h)
+    if activation == "gelu":
+        return F.gelu(h)
+    if activation == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
+    if activation == "none":
+        return h
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared device pieces
+
+
+def _upcast_bf16(dtype: torch.dtype) -> bool:
+    """Triton 3.6's interpreter multiplies bfloat16 tiles as their raw uint16 bits (numpy has no
+    bfloat16), so under it bfloat16 dots take float32 operands; exact, as bf16 products fit fp32."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+@triton.jit
+def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
+@triton.jit
+def _grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile (pid_m, pid_n) of program pid, GROUP_M row blocks at a time down each column block,
+    so concurrently running programs reuse the same x rows and weight columns from L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mm_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, s_am, s_ak, s_bk, s_bn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 tile a[rows] @ b[:, cols]; returns (acc, rows, cols), rows/cols not wrapped.
+
+    As in Triton's matmul tutorial, rows and columns are wrapped modulo M and N so every load is in
+    bounds and only K needs a mask; the wrapped rows/columns are masked by the caller.
+    """
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_ld = tl.max_contiguous(tl.multiple_of(rows % M, BLOCK_M), BLOCK_M)
+    cols_ld = tl.max_contiguous(tl.multiple_of(cols % N, BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # int64 before the stride multiply: M * s_am can pass 2**31.
+    a_ptrs = a_ptr + rows_ld.to(tl.int64)[:, None] * s_am + offs_k[None, :] * s_ak
+    b_ptrs = b_ptr + offs_k[:, None] * s_bk + cols_ld.to(tl.int64)[None, :] * s_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    return acc, rows, cols
+
+
+@triton.jit
+def _add_bias(acc, bias_ptr, cols, N, s_bias, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        # Masked, not wrapped: a wrapped index would defeat the vectorisation hints of _mm_tile.
+        bias = tl.load(bias_ptr + cols * s_bias, mask=cols < N, other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _activate(h, ACTIVATION: tl.constexpr):
+    """The activation on a float32 tile."""
+    if ACTIVATION == "relu":
+        h = tl.maximum(h, 0.0)
+    elif ACTIVATION == "gelu":
+        h = 0.5 * h * (1.0 + tl.erf(h * 0.7071067811865476))  # exact: x * Phi(x)
+    elif ACTIVATION == "gelu_tanh":
+        # 0.5 * (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) * (h + 0.044715 h^3)
+        h = h * tl.sigmoid(1.5957691216057308 * (h + 0.044715 * h * h * h))
+    return h
+
+
+# ------------------------------------------------------------------------------------------------
+# The matmul kernel: plain (unfused baselines) or with a bias + activation epilogue (linear_act)
+
+
+@triton.jit
+def _matmul_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_bias,
+                   s_cm, s_cn, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    pid_m, pid_n = _grouped(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc, rows, cols = _mm_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, s_am, s_ak, s_bk, s_bn,
+                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+    acc = _add_bias(acc, bias_ptr, cols, N, s_bias, HAS_BIAS)
+    acc = _activate(acc, ACTIVATION)
+    # One rounding to the output dtype, at the store.
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * s_cm + cols[None, :] * s_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _activation_kernel(h_ptr, out_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
+    """The unfused activation: out = act(h), flat and contiguous, math in float32."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, _activate(h, ACTIVATION).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_rows_kernel(s_ptr, out_ptr, C, s_sb, s_ob, BLOCK: tl.constexpr,
+                         ONE_TILE: tl.constexpr):
+    """The unfused softmax: one program per row of the stored logits."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    src = s_ptr + row * s_sb
+    dst = out_ptr + row * s_ob
+    if ONE_TILE:
+        # The whole row in registers: logits read once.
+        s = tl.load(src + offs, mask=offs < C, other=NEG_INF).to(tl.float32)
+        p = tl.exp(s - tl.max(s, 0))
+        tl.store(dst + offs, (p * (1.0 / tl.sum(p, 0))).to(out_ptr.dtype.element_ty),
+                 mask=offs < C)
+    else:
+        # Long rows: lane-wise online (max, sum) over the tiles, then a second read to write.
+        m = tl.full([BLOCK], NEG_INF, tl.float32)
+        l = tl.zeros([BLOCK], tl.float32)
+        for start in tl.range(0, C, BLOCK):
+            cols = start + offs
+            s = tl.load(src + cols, mask=cols < C, other=NEG_INF).to(tl.float32)
+            m_new = tl.maximum(m, s)
+            # Lanes that have seen only -inf shift by 0, not -inf (no NaN from -inf - -inf).
+            shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+            l = l * tl.exp(m - shift) + tl.exp(s - shift)
+            m = m_new
+        m_row = tl.max(m, 0)
+        inv_l = 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
+        for start in tl.range(0, C, BLOCK):
+            cols = start + offs
+            s = tl.load(src + cols, mask=cols < C, other=NEG_INF).to(tl.float32)
+            tl.store(dst + cols, (tl.exp(s - m_row) * inv_l).to(out_ptr.dtype.element_ty),
+                     mask=cols < C)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fused matmul + softmax kernels
+
+
+@triton.jit
+def _ms_simple_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, C, K, s_xb, s_xk, s_wk, s_wc, s_bias, s_ob,
+                      HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_C], tl.float32)
+    for start in tl.range(0, K, BLOCK_K):
+        ks = (start + offs_k).to(tl.int64)
+        k_ok = ks < K
+        xk = tl.load(x_ptr + row * s_xb + ks * s_xk, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + ks[:, None] * s_wk + cols[None, :] * s_wc,
+                    mask=k_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        # A (BLOCK_K, BLOCK_C) broadcast product reduced over K: float32 FMAs, no tensor cores.
+        acc += tl.sum(xk[:, None] * w, 0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols * s_bias, mask=col_ok, other=0.0).to(tl.float32)
+    s = tl.where(col_ok, acc, NEG_INF)
+    p = tl.exp(s - tl.max(s, 0))
+    tl.store(out_ptr + row * s_ob + cols, (p * (1.0 / tl.sum(p, 0))).to(out_ptr.dtype.element_ty),
+             mask=col_ok)
+
+
+@triton.jit
+def _ms_tiled_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, B, C, K, s_xb, s_xk, s_wk, s_wc, s_bias,
+                     s_ob, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    acc, rows, cols = _mm_tile(x_ptr, w_ptr, tl.program_id(0), 0, B, C, K, s_xb, s_xk, s_wk, s_wc,
+                               BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
+    # Padding classes (wrapped, finite values) are -inf: no weight in the max or the sum.
+    s = tl.where((cols < C)[None, :], acc, NEG_INF)
+    p = tl.exp(s - tl.max(s, 1)[:, None])
+    p = p * (1.0 / tl.sum(p, 1))[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :],
+             p.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < B) & (cols[None, :] < C))
+
+
+@triton.jit
+def _ms_stats_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_part, l_part, B, C, K, s_xb, s_xk, s_wk,
+                     s_wc, s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
+                     STORE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr, EVEN_K: tl.constexpr,
+                     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Pass 1 of "online" and "two_pass_store": per (row, C tile) max and sum of exp."""
+    pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
+    acc, rows, cols = _mm_tile(x_ptr, w_ptr, pid_b, pid_c, B, C, K, s_xb, s_xk, s_wk, s_wc,
+                               BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
+    row_ok = rows < B
+    col_ok = cols < C
+    if STORE_LOGITS:
+        logits = acc.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :], logits,
+                 mask=row_ok[:, None] & col_ok[None, :])
+        # The partials describe the rounded logits that pass 2 reads, so each row sums to 1.
+        acc = logits.to(tl.float32)
+    s = tl.where(col_ok[None, :], acc, NEG_INF)
+    m = tl.max(s, 1)  # finite: every tile holds at least one real class
+    l = tl.sum(tl.exp(s - m[:, None]), 1)
+    part = rows.to(tl.int64) * n_tiles + pid_c
+    tl.store(m_part + part, m, mask=row_ok)
+    tl.store(l_part + part, l, mask=row_ok)
+
+
+@triton.jit
+def _ms_combine_kernel(m_part, l_part, m_ptr, il_ptr, B, n_tiles, BLOCK_R: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
+    """Per row: m = max of the tiles' maxima, 1/l with l = sum(l_t * exp(m_t - m))."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < B
+    offs_t = tl.arange(0, BLOCK_T)
+    m = tl.full([BLOCK_R], NEG_INF, tl.float32)
+    l = tl.zeros([BLOCK_R], tl.float32)
+    for start in tl.range(0, n_tiles, BLOCK_T):
+        ts = start + offs_t
+        ok = row_ok[:, None] & (ts < n_tiles)[None, :]
+        idx = rows.to(tl.int64)[:, None] * n_tiles + ts[None, :]
+        mt = tl.load(m_part + idx, mask=ok, other=NEG_INF)
+        lt = tl.load(l_part + idx, mask=ok, other=0.0)
+        m_new = tl.maximum(m, tl.max(mt, 1))
+        # Rows past B see only -inf: shift by 0 there (no NaN from -inf - -inf).
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+        l = l * tl.exp(m - shift) + tl.sum(lt * tl.exp(mt - shift[:, None]), 1)
+        m = m_new
+    tl.store(m_ptr + rows, m, mask=row_ok)
+    tl.store(il_ptr + rows, 1.0 / tl.where(row_ok, l, 1.0), mask=row_ok)
+
+
+@triton.jit
+def _ms_probs_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_xb, s_xk, s_wk,
+                     s_wc, s_bias, s_ob, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr,
+                     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
+                     EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Pass 2 of "online": recompute the logits tile, write exp(s - m) / l."""
+    pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
+    acc, rows, cols = _mm_tile(x_ptr, w_ptr, pid_b, pid_c, B, C, K, s_xb, s_xk, s_wk, s_wc,
+                               BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
+    row_ok = rows < B
+    m = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
+    il = tl.load(il_ptr + rows, mask=row_ok, other=0.0)
+    p = tl.exp(acc - m[:, None]) * il[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :],
+             p.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < C)[None, :])
+
+
+@triton.jit
+def _ms_normalize_kernel(p_ptr, m_ptr, il_ptr, B, C, s_pb, BLOCK_R: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    """Pass 2 of "two_pass_store": logits -> probs in place, exp(s - m) / l."""
+    n_col = tl.cdiv(C, BLOCK_N)
+    # Last tile first: pass 1 wrote the last row blocks last, the likeliest still in L2.
+    t = tl.num_programs(0) - 1 - tl.program_id(0)
+    rows = (t // n_col) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (t % n_col) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < B
+    mask = row_ok[:, None] & (cols < C)[None, :]
+    ptrs = p_ptr + rows.to(tl.int64)[:, None] * s_pb + cols[None, :]
+    s = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
+    il = tl.load(il_ptr + rows, mask=row_ok, other=0.0)
+    tl.store(ptrs, (tl.exp(s - m[:, None]) * il[:, None]).to(p_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side: checks and plans
+
+
+def _check_operands(x, weight, bias, k_name="K", n_name="C"):
+    check_tensor("x", x, ndim=2)
+    check_tensor("weight", weight, ndim=2)
+    check_same([("x", x), ("weight", weight)])
+    if x.shape[1] != weight.shape[0]:
+        raise ValueError(
+            f"x is (rows, {k_name}) and weight is ({k_name}, {n_name}): x's {k_name}={x.shape[1]} "
+            f"but weight has {weight.shape[0]} rows (got x {tuple(x.shape)}, weight "
+            f"{tuple(weight.shape)}; an F.linear weight (out, in) must be passed transposed)"
+        )
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+        check_same([("x", x), ("bias", bias)])
+        if bias.shape[0] != weight.shape[1]:
+            raise ValueError(f"bias must have shape ({weight.shape[1]},) to match weight's "
+                             f"{n_name}={weight.shape[1]}, got {tuple(bias.shape)}")
+
+
+def _precision(x, input_precision, default):
+    """The dot precision to compile with; only float32 operands have a choice."""
+    if input_precision is None:
+        input_precision = default
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
+    return input_precision if x.dtype == torch.float32 else "tf32"
+
+
+def _precision_class(dtype, precision):
+    return precision if dtype == torch.float32 else "half"
+
+
+def _check_block(name, value, lo=16):
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {lo}, got {value!r}")
+    return value
+
+
+def _pow2(n, lo, hi):
+    """The power of two covering n, clamped to [lo, hi]."""
+    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def _launch_opts(num_warps, num_stages):
+    for name, v in (("num_warps", num_warps), ("num_stages", num_stages)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a power of two, got {num_warps}")
+    return num_warps, num_stages
+
+
+class GemmConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def gemm_config(M, N, K, dtype, precision, sm_count=DEFAULT_SM_COUNT) -> GemmConfig:
+    """Default tiles of the matmul kernel: the tutorial's H100 fp16 config (128x256x64, 8 warps,
+    3 stages), half as wide for float32 (twice the bytes an element; tf32), a 64x128 FMA tile for
+    IEEE float32. Clamped to the problem, then halved while the grid would not fill the SMs."""
+    if dtype != torch.float32:
+        bm, bn, bk, warps = 128, 256, 64, 8
+    elif precision == "tf32":
+        bm, bn, bk, warps = 128, 128, 32, 8
+    else:
+        bm, bn, bk, warps = 64, 128, 32, 4
+    bm, bn, bk = _pow2(M, 16, bm), _pow2(N, 16, bn), _pow2(K, 16, bk)
+    while triton.cdiv(M, bm) * triton.cdiv(N, bn) < sm_count and max(bm, bn) > 64:
+        if bn >= bm:
+            bn //= 2
+        else:
+            bm //= 2
+    if bm * bn <= 64 * 64:
+        warps = 4
+    return GemmConfig(bm, bn, bk, GROUP, warps, 3)
+
+
+def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
+          num_warps, num_stages):
+    """Launch _matmul_kernel: out = act(x @ weight + bias); out is (M, N), any strides."""
+    M, K = x.shape
+    N = weight.shape[1]
+    cfg = gemm_config(M, N, K, x.dtype, precision, _sm_count(x.device))
+    bm = _check_block("block_m", cfg.block_m if block_m is None else block_m)
+    bn = _check_block("block_n", cfg.block_n if block_n is None else block_n)
+    bk = _check_block("block_k", cfg.block_k if block_k is None else block_k)
+    gm = _check_block("group_m", cfg.group_m if group_m is None else group_m, lo=1)
+    warps, stages = _launch_opts(cfg.num_warps if num_warps is None else num_warps,
+                                 cfg.num_stages if num_stages is None else num_stages)
+    if M == 0 or N == 0:
+        return out
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    has_bias = bias is not None
+    _matmul_kernel[grid](
+        x, weight, bias if has_bias else x, out, M, N, K, *x.stride(), *weight.stride(),
+        bias.stride(0) if has_bias else 0, *out.stride(), HAS_BIAS=has_bias,
+        ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
+        EVEN_K=K % bk == 0, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
+        num_warps=warps, num_stages=stages)
+    return out
+
+
+def matmul(x, weight, bias=None, *, activation="none", input_precision=None, block_m=None,
+           block_n=None, block_k=None, group_m=None, num_warps=None, num_stages=None):
+    """act(x @ weight + bias) in one Triton matmul, x (M, K), weight (K, N), any strides.
+
+    The kernel shared by every path here: activation "none" and no bias is a plain matmul.
+    float32 defaults to IEEE here (the unfused matmul_softmax baseline); linear_act passes tf32.
+    """
+    _check_operands(x, weight, bias, "K", "N")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    precision = _precision(x, input_precision, "ieee")
+    out = empty((x.shape[0], weight.shape[1]), x.dtype, x.device)
+    return _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
+                 num_warps, num_stages)
+
+
+# ------------------------------------------------------------------------------------------------
+# matmul + softmax
+
+
+class MatmulSoftmaxPlan(NamedTuple):
+    """How matmul_softmax_fused runs a shape: the method and its launch parameters."""
+
+    method: str
+    precision: str
+    block_b: int
+    block_c: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, block_b=None,
+                        block_c=None, block_k=None, num_warps=None,
+                        num_stages=None) -> MatmulSoftmaxPlan:
+    """The method and tiles matmul_softmax_fused uses (defaults filled in, overrides checked).
+
+    method=None: "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
+    enough that recomputing the matmul is cheaper than storing the logits (ONLINE_MAX_K), else
+    "two_pass_store". An explicit block_c asks for one of the two multi-tile methods.
+    """
+    if input_precision is None:
+        input_precision = "ieee"
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
+    precision = input_precision if dtype == torch.float32 else "tf32"
+    half = dtype != torch.float32
+    c_pow2 = _pow2(C, 16, 1 << 30)
+    if method is None:
+        if block_c is None and c_pow2 <= MAX_TILED_C:
+            method = TILED
+        elif K <= ONLINE_MAX_K[_precision_class(dtype, precision)]:
+            method = ONLINE
+        else:
+            method = TWO_PASS_STORE
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
+    stages = 3
+    if method == SIMPLE:
+        if c_pow2 > MAX_SIMPLE_C:
+            raise ValueError(f"method 'simple' keeps a whole row of logits in registers: C={C} "
+                             f"(padded {c_pow2}) exceeds {MAX_SIMPLE_C}; use 'tiled', 'online' "
+                             f"or 'two_pass_store'")
+        bc = c_pow2
+        # A (BLOCK_K, BLOCK_C) product of at most 8192 elements per step.
+        bb, bk = 1, _pow2(K, 8, max(8, 8192 // bc))
+        warps, stages = (4 if bc <= 256 else 8), 1
+    elif method == TILED:
+        if c_pow2 > MAX_TILED_C:
+            raise ValueError(f"method 'tiled' keeps all C logits of a row block in registers: "
+                             f"C={C} (padded {c_pow2}) exceeds {MAX_TILED_C}; use 'online' or "
+                             f"'two_pass_store'")
+        bc = c_pow2
+        # 32768 float32 accumulators per program (the 128x256 of the tutorial's 8-warp config).
+        bb = _pow2(B, 16, max(16, min(128, 32768 // bc)))
+        wide = bc >= 512 if half else bc >= 256
+        bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
+        warps = 8 if bb * bc >= 16384 else 4
+    else:
+        if half:
+            bb, bc, bk = 128, 256, 64
+        elif precision == "tf32":
+            bb, bc, bk = 128, 128, 32
+        else:
+            bb, bc, bk = 64, 128, 32
+        bb, bc, bk = _pow2(B, 16, bb), _pow2(C, 16, bc), _pow2(K, 16, bk)
+        warps = 8 if bb * bc >= 16384 else 4
+    if block_b is not None:
+        if method == SIMPLE:
+            raise ValueError("method 'simple' runs one row per program: block_b does not apply")
+        bb = _check_block("block_b", block_b)
+    if block_c is not None:
+        if method in (SIMPLE, TILED):
+            raise ValueError(f"method {method!r} covers all C in one tile: block_c does not apply")
+        bc = _check_block("block_c", block_c)
+    if block_k is not None:
+        bk = _check_block("block_k", block_k, lo=8 if method == SIMPLE else 16)
+    warps, stages = _launch_opts(warps if num_warps is None else num_warps,
+                                 stages if num_stages is None else num_stages)
+    return MatmulSoftmaxPlan(method, precision, bb, bc, bk, warps, stages)
+
+
+def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None,
+                         block_k=None, input_precision=None, num_warps=None,
+                         num_stages=None) -> torch.Tensor:
+    """softmax(x @ weight + bias, -1) with the logits never stored as a separate intermediate
+    (for "two_pass_store", stored once in the output buffer and rewritten in place).
+
+    x (B, K), weight (K, C), bias (C,) or None, any strides; output (B, C) in x's dtype. The
+    methods and the plan are described in the module docstring and `matmul_softmax_plan`.
+    """
+    _check_operands(x, weight, bias)
+    B, K = x.shape
+    C = weight.shape[1]
+    plan = matmul_softmax_plan(B, K, C, x.dtype, method=method, input_precision=input_precision,
+                               block_b=block_b, block_c=block_c, block_k=block_k,
+                               num_warps=num_warps, num_stages=num_stages)
+    out = empty((B, C), x.dtype, x.device)
+    if B == 0 or C == 0:
+        return out
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else x
+    s_bias = bias.stride(0) if has_bias else 0
+    strides = (*x.stride(), *weight.stride(), s_bias, out.stride(0))
+    dot_args = dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
+                    EVEN_K=K % plan.block_k == 0)
+    launch = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if plan.method == SIMPLE:
+        _ms_simple_kernel[(B,)](x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
+                                BLOCK_C=plan.block_c, BLOCK_K=plan.block_k,
+                                num_warps=plan.num_warps)
+        return out
+    if plan.method == TILED:
+        _ms_tiled_kernel[(triton.cdiv(B, plan.block_b),)](
+            x, weight, bias_arg, out, B, C, K, *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b,
+            BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, **dot_args, **launch)
+        return out
+    # online / two_pass_store: per-(row, C tile) partials, combined per row.
+    n_tiles = triton.cdiv(C, plan.block_c)
+    grid = (triton.cdiv(B, plan.block_b) * n_tiles,)
+    m_part = empty((B, n_tiles), torch.float32, x.device)
+    l_part = empty((B, n_tiles), torch.float32, x.device)
+    store = plan.method == TWO_PASS_STORE
+    _ms_stats_kernel[grid](x, weight, bias_arg, out, m_part, l_part, B, C, K, *strides, n_tiles,
+                           HAS_BIAS=has_bias, STORE_LOGITS=store, BLOCK_B=plan.block_b,
+                           BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP,
+                           **dot_args, **launch)
+    m = empty((B,), torch.float32, x.device)
+    inv_l = empty((B,), torch.float32, x.device)
+    block_t = _pow2(n_tiles, 16, 128)
+    _ms_combine_kernel[(triton.cdiv(B, 32),)](m_part, l_part, m, inv_l, B, n_tiles, BLOCK_R=32,
+                                              BLOCK_T=block_t, num_warps=4)
+    if store:
+        block_n = _pow2(C, 16, 1024)
+        block_r = max(1, 8192 // block_n)
+        _ms_normalize_kernel[(triton.cdiv(B, block_r) * triton.cdiv(C, block_n),)](
+            out, m, inv_l, B, C, out.stride(0), BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
+    else:
+        _ms_probs_kernel[grid](x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
+                               HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
+                               BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args, **launch)
+    return out
+
+
+def _softmax_rows(logits, out, block=None):
+    B, C = logits.shape
+    block = _check_block("softmax_block", _pow2(C, 16, 16384) if block is None else block)
+    _softmax_rows_kernel[(B,)](logits, out, C, logits.stride(0), out.stride(0), BLOCK=block,
+                               ONE_TILE=C <= block, num_warps=default_warps(block))
+    return out
+
+
+def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_m=None,
+                           block_n=None, block_k=None, group_m=None, num_warps=None,
+                           num_stages=None, softmax_block=None) -> torch.Tensor:
+    """Two Triton kernels: logits = x @ weight + bias (the bias in the matmul's epilogue), stored
+    (B, C) in x's dtype; then a row softmax of them. The block/warp/stage options go to the matmul;
+    softmax_block is the softmax's tile (default: the whole row up to 16384, else online tiles).
+    """
+    _check_operands(x, weight, bias)
+    precision = _precision(x, input_precision, "ieee")
+    if softmax_block is not None:
+        _check_block("softmax_block", softmax_block)  # before the matmul runs
+    B, C = x.shape[0], weight.shape[1]
+    logits = empty((B, C), x.dtype, x.device)
+    out = empty((B, C), x.dtype, x.device)
+    _gemm(x, weight, bias, logits, "none", precision, block_m, block_n, block_k, group_m,
+          num_warps, num_stages)
+    if B == 0 or C == 0:
+        return out
+    return _softmax_rows(logits, out, softmax_block)
+
+
+def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """softmax(x @ weight + bias, -1), fused: x (B, K), weight (K, C), bias (C,) or None.
+
+    One dtype for all (float32, float16 or bfloat16), on CUDA (or the CPU under TRITON_INTERPRET=1),
+    any strides. float32 matmuls are IEEE (like PyTorch's default); the softmax runs in float32;
+    the probabilities are in x's dtype.
+    """
+    return matmul_softmax_fused(x, weight, bias)
+
+
+# ------------------------------------------------------------------------------------------------
+# linear + activation
+
+
+def _check_activation(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def linear_act_fused(x, weight, bias=None, activation="gelu", *, input_precision=None,
+                     block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
+                     num_stages=None) -> torch.Tensor:
+    """One Triton matmul; bias and activation on the float32 accumulator before the one store.
+
+    float32 defaults to input_precision="tf32" (what fast float32 GEMMs use); "ieee" on request.
+    Defaults for the tiles: `gemm_config`.
+    """
+    _check_operands(x, weight, bias, "K", "N")
+    _check_activation(activation)
+    precision = _precision(x, input_precision, "tf32")
+    out = empty((x.shape[0], weight.shape[1]), x.dtype, x.device)
+    return _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
+                 num_warps, num_stages)
+
+
+def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precision=None,
+                       block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
+                       num_stages=None, block=None) -> torch.Tensor:
+    """Two Triton kernels: h = x @ weight + bias (bias in the matmul's epilogue) stored in x's
+    dtype, then out = act(h) elementwise (block: its 1-D block). Same precision as the fused."""
+    _check_operands(x, weight, bias, "K", "N")
+    _check_activation(activation)
+    precision = _precision(x, input_precision, "tf32")
+    M, N = x.shape[0], weight.shape[1]
+    h = empty((M, N), x.dtype, x.device)
+    out = empty((M, N), x.dtype, x.device)
+    _gemm(x, weight, bias, h, "none", precision, block_m, block_n, block_k, group_m, num_warps,
+          num_stages)
+    block = _check_block("block", 2048 if block is None else block)
+    if h.numel():
+        _activation_kernel[(triton.cdiv(h.numel(), block),)](h, out, h.numel(),
+                                                            ACTIVATION=activation, BLOCK=block,
+                                                            num_warps=default_warps(block))
+    return out
+
+
+def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
+               activation: str = "gelu") -> torch.Tensor:
+    """act(x @ weight + bias) in one fused Triton matmul.
+
+    x (M, K), weight (K, N) -- x @ weight, not F.linear's (N, K): pass `linear.weight.t()` --,
+    bias (N,) or None; activation "relu", "gelu" (exact erf), "gelu_tanh" or "none". One dtype for
+    all (float32, float16, bfloat16), any strides. float32 runs the matmul in TF32.
+    """
+    return linear_act_fused(x, weight, bias, activation)
+
+
+# The three implementations of each op, for sweeps.
+IMPLS = {
+    "matmul_softmax": {"reference": matmul_softmax_reference,
+                       "triton_unfused": matmul_softmax_unfused,
+                       "triton_fused": matmul_softmax_fused},
+    "linear_act": {"reference": linear_act_reference, "triton_unfused": linear_act_unfused,
+                   "triton_fused": linear_act_fused},
+}

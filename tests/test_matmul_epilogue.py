@@ -1,0 +1,341 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import matmul_epilogue as me
+
+from conftest import rel_err
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# max |out - ref| / max |ref| against float64, by dtype (float32: by dot precision). The
+# interpreter truncates float32 to bfloat16 (up to 2**-7 = 7.8e-3 off); a GPU rounds to nearest.
+TOL = {"ieee": 1e-5, "tf32": 3e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# The seed's sizes scaled down for the interpreter, plus odd and degenerate ones: (B, K, C).
+MS_SHAPES = [(64, 128, 10), (33, 70, 50), (1, 1, 1), (7, 3, 17), (5, 40, 300)]
+FUSED_METHODS = ["simple", "tiled", "online", "two_pass_store"]
+
+
+def tol(dtype, precision="ieee", stored=False):
+    """stored: the path rounds an intermediate (the pre-activation) to a half dtype, a second
+    rounding, as PyTorch eager does."""
+    if dtype == torch.float32:
+        return TOL[precision]
+    return TOL[dtype] * (2 if stored else 1)
+
+
+def ms_inputs(B, K, C, dtype, device, bias=True, scale=1.0):
+    # Logits of order one (softmax regression's regime): x / sqrt(K), weights and bias halved.
+    x = (torch.randn(B, K, device=device) * (scale / max(K, 1) ** 0.5)).to(dtype)
+    w = (torch.randn(K, C, device=device) * 0.5).to(dtype)
+    b = (torch.randn(C, device=device) * 0.5).to(dtype) if bias else None
+    return x, w, b
+
+
+def ms_ref64(x, w, b):
+    logits = x.double() @ w.double()
+    if b is not None:
+        logits = logits + b.double()
+    return torch.softmax(logits, -1)
+
+
+def check_probs(out, x, w, b, limit, stored=False):
+    """stored: the logits went through memory in x's dtype (as in eager). Rounding a logit s
+    moves its probability by up to eps * |s| relatively, which adds to the limit."""
+    B, C = x.shape[0], w.shape[1]
+    assert out.shape == (B, C) and out.dtype == x.dtype
+    ref = ms_ref64(x, w, b)
+    if stored and x.dtype != torch.float32 and out.numel():
+        logits = x.double() @ w.double() + (0 if b is None else b.double())
+        limit += torch.finfo(x.dtype).eps * logits.abs().max().item()
+    assert rel_err(out, ref) <= limit
+    if B and C:
+        # Every row is a distribution.
+        assert (out.double().sum(-1) - 1).abs().max().item() <= max(limit, 1e-5) * 2
+
+
+# --------------------------------------------------------------------------- matmul + softmax
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", MS_SHAPES)
+@pytest.mark.parametrize("method", FUSED_METHODS + ["auto", "unfused", "public"])
+def test_matmul_softmax_matches_float64(method, shape, dtype, device):
+    x, w, b = ms_inputs(*shape, dtype, device)
+    if method == "unfused":
+        out = me.matmul_softmax_unfused(x, w, b)
+    elif method == "public":
+        out = kernels.matmul_softmax(x, w, b)
+    elif method in ("online", "two_pass_store"):
+        # Small class tiles: C = 300 spans five tiles to combine.
+        out = me.matmul_softmax_fused(x, w, b, method=method, block_c=64)
+    else:
+        out = me.matmul_softmax_fused(x, w, b, method=None if method == "auto" else method)
+    check_probs(out, x, w, b, tol(dtype), stored=method in ("unfused", "two_pass_store"))
+
+
+@pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
+def test_matmul_softmax_without_bias(method, device):
+    x, w, _ = ms_inputs(33, 70, 50, torch.float32, device)
+    if method == "unfused":
+        out = me.matmul_softmax_unfused(x, w)
+    else:
+        out = me.matmul_softmax_fused(x, w, None, method=method)
+    check_probs(out, x, w, None, TOL["ieee"])
+
+
+@pytest.mark.parametrize("method", ["online", "two_pass_store"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
+    """Several row blocks (partial last), class tiles and K steps (K not a multiple of block_k)."""
+    x, w, b = ms_inputs(37, 70, 300, dtype, device)
+    out = me.matmul_softmax_fused(x, w, b, method=method, block_b=16, block_c=32, block_k=16)
+    check_probs(out, x, w, b, tol(dtype), stored=method == "two_pass_store")
+
+
+@pytest.mark.parametrize("method", ["online", "two_pass_store"])
+def test_matmul_softmax_many_class_tiles(method, device):
+    """More than 128 class tiles: the combine kernel loops over them."""
+    x, w, b = ms_inputs(3, 5, 2100, torch.float32, device)
+    out = me.matmul_softmax_fused(x, w, b, method=method, block_c=16)
+    check_probs(out, x, w, b, TOL["ieee"])
+
+
+def test_matmul_softmax_tiled_blocks(device):
+    x, w, b = ms_inputs(50, 70, 129, torch.float16, device)
+    out = me.matmul_softmax_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,
+                                  num_stages=2)
+    check_probs(out, x, w, b, tol(torch.float16))
+    out = me.matmul_softmax_fused(x, w, b, method="simple", block_k=8)
+    check_probs(out, x, w, b, tol(torch.float16))
+
+
+def test_matmul_softmax_unfused_long_rows(device):
+    """The unfused softmax's multi-tile (online) path, forced with a small tile."""
+    x, w, b = ms_inputs(9, 20, 300, torch.float32, device)
+    out = me.matmul_softmax_unfused(x, w, b, softmax_block=64, block_m=16, block_n=32,
+                                    block_k=16, group_m=2)
+    check_probs(out, x, w, b, TOL["ieee"])
+
+
+@pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
+def test_matmul_softmax_tf32(method, device):
+    x, w, b = ms_inputs(33, 70, 50, torch.float32, device)
+    if method == "unfused":
+        out = me.matmul_softmax_unfused(x, w, b, input_precision="tf32")
+    else:
+        out = me.matmul_softmax_fused(x, w, b, method=method, input_precision="tf32")
+    check_probs(out, x, w, b, TOL["tf32"])
+
+
+@pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
+def test_matmul_softmax_strided_operands(method, device):
+    """Any strides: an F.linear-layout weight passed transposed, column-major x, strided bias."""
+    x_t, w_t, b2 = ms_inputs(40, 33, 24, torch.float32, device)
+    x = x_t.t().contiguous().t()
+    w = w_t.t().contiguous().t()
+    b = torch.stack([b2, b2], 1)[:, 0]
+    assert not (x.is_contiguous() or w.is_contiguous() or b.is_contiguous())
+    if method == "unfused":
+        out = me.matmul_softmax_unfused(x, w, b)
+    else:
+        out = me.matmul_softmax_fused(x, w, b, method=method, block_c=16 if method in (
+            "online", "two_pass_store") else None)
+    check_probs(out, x, w, b, TOL["ieee"])
+
+
+@pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
+def test_matmul_softmax_empty_dims(method, device):
+    fused = method != "unfused"
+
+    def run(x, w, b):
+        if fused:
+            return me.matmul_softmax_fused(x, w, b, method=method)
+        return me.matmul_softmax_unfused(x, w, b)
+
+    x, w, b = ms_inputs(0, 8, 5, torch.float32, device)
+    assert run(x, w, b).shape == (0, 5)
+    x, w, b = ms_inputs(4, 8, 0, torch.float32, device)
+    assert run(x, w, b).shape == (4, 0)
+    # K = 0: the logits are the bias alone.
+    x, w, b = ms_inputs(4, 0, 5, torch.float32, device)
+    check_probs(run(x, w, b), x, w, b, TOL["ieee"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", ["tiled", "online"])
+def test_fused_half_is_no_worse_than_eager(method, dtype, device):
+    """Fused logits stay in float32; eager rounds them (and the bias sum) to the half dtype."""
+    x, w, b = ms_inputs(64, 64, 200, dtype, device, scale=4.0)
+    ref = ms_ref64(x, w, b)
+    eager = rel_err(me.matmul_softmax_reference(x, w, b), ref)
+    fused = rel_err(me.matmul_softmax_fused(x, w, b, method=method, block_c=64
+                                            if method == "online" else None), ref)
+    assert fused <= eager
+
+
+def test_matmul_softmax_plan_defaults():
+    plan = me.matmul_softmax_plan
+    assert plan(65536, 256, 512, torch.float16).method == "tiled"
+    assert plan(4096, 128, 32000, torch.float16).method == "online"
+    assert plan(16384, 1024, 32000, torch.float16).method == "two_pass_store"
+    assert plan(16384, 4096, 4096, torch.float16).method == "two_pass_store"
+    assert plan(1024, 128, 4096, torch.float32).method == "two_pass_store"  # IEEE: FMA-bound
+    assert plan(1024, 128, 4096, torch.float32, input_precision="tf32").method == "online"
+    p = plan(16384, 4096, 4096, torch.float16)
+    assert (p.block_b, p.block_c, p.block_k, p.num_warps, p.num_stages) == (128, 256, 64, 8, 3)
+    p = plan(65536, 256, 512, torch.float16)
+    assert p.block_c == 512 and p.block_b * p.block_c <= 32768
+    assert plan(8, 8, 8, torch.float32, method="simple").block_c == 16
+    assert plan(8, 8, 8, torch.bfloat16).precision == "tf32"  # half dtypes: the flag is moot
+
+
+# --------------------------------------------------------------------------- linear + activation
+
+
+def la_inputs(M, K, N, dtype, device, bias=True):
+    x = torch.randn(M, K, device=device).to(dtype)
+    w = (torch.randn(K, N, device=device) / max(K, 1) ** 0.5).to(dtype)
+    b = torch.randn(N, device=device).to(dtype) if bias else None
+    return x, w, b
+
+
+def la_ref64(x, w, b, activation):
+    return me.linear_act_reference(x.double(), w.double(), None if b is None else b.double(),
+                                   activation)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "none"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("impl", ["fused", "unfused", "public"])
+def test_linear_act_matches_float64(impl, bias, activation, dtype, device):
+    x, w, b = la_inputs(33, 70, 50, dtype, device, bias)
+    if impl == "fused":
+        out = me.linear_act_fused(x, w, b, activation)
+    elif impl == "unfused":
+        out = me.linear_act_unfused(x, w, b, activation)
+    else:
+        out = kernels.linear_act(x, w, b, activation=activation)
+    assert out.shape == (33, 50) and out.dtype == dtype
+    # float32 defaults to tf32 here (the interpreter computes it in full float32).
+    limit = tol(dtype, "tf32", stored=impl == "unfused" and activation not in ("relu", "none"))
+    assert rel_err(out, la_ref64(x, w, b, activation)) <= limit
+
+
+@pytest.mark.parametrize("impl", [me.linear_act_fused, me.linear_act_unfused])
+def test_linear_act_ieee_and_blocks(impl, device):
+    """IEEE float32; several tiles in both dims, partial groups, K not a multiple of block_k."""
+    x, w, b = la_inputs(70, 40, 50, torch.float32, device)
+    out = impl(x, w, b, "gelu", input_precision="ieee", block_m=16, block_n=16, block_k=16,
+               group_m=2, num_warps=2, num_stages=2)
+    assert rel_err(out, la_ref64(x, w, b, "gelu")) <= TOL["ieee"]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (64, 128, 10), (7, 3, 17), (0, 4, 5), (4, 0, 5)])
+def test_linear_act_odd_shapes(shape, device):
+    x, w, b = la_inputs(*shape, torch.float32, device)
+    for impl in (me.linear_act_fused, me.linear_act_unfused):
+        out = impl(x, w, b, "relu", input_precision="ieee")
+        assert out.shape == (shape[0], shape[2])
+        if out.numel():
+            assert rel_err(out, la_ref64(x, w, b, "relu")) <= TOL["ieee"]
+
+
+def test_linear_act_takes_transposed_linear_weight(device):
+    lin = torch.nn.Linear(24, 40).to(device)
+    x = torch.randn(9, 24, device=device)
+    with torch.no_grad():
+        out = kernels.linear_act(x, lin.weight.t(), lin.bias, "gelu")
+        ref = F.gelu(x.double() @ lin.weight.double().t() + lin.bias.double())
+    assert rel_err(out, ref) <= TOL["tf32"]
+
+
+def test_matmul_helper(device):
+    x, w, b = la_inputs(20, 30, 40, torch.float16, device)
+    assert rel_err(me.matmul(x, w), x.double() @ w.double()) <= TOL[torch.float16]
+    assert rel_err(me.matmul(x, w, b, activation="relu"), la_ref64(x, w, b, "relu")) <= 1e-2
+
+
+def test_gemm_config_defaults():
+    cfg = me.gemm_config(8192, 8192, 8192, torch.float16, "tf32")
+    assert cfg == me.GemmConfig(128, 256, 64, 8, 8, 3)
+    assert me.gemm_config(8192, 8192, 8192, torch.float32, "tf32")[:3] == (128, 128, 32)
+    small = me.gemm_config(512, 512, 512, torch.float16, "tf32")
+    assert small.block_m * small.block_n <= 64 * 128  # shrunk to give the SMs work
+    assert me.gemm_config(5, 7, 3, torch.float16, "tf32")[:3] == (16, 16, 16)
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def _ones(*shape, dtype=torch.float32, device="cpu"):
+    return torch.ones(*shape, dtype=dtype, device=device)
+
+
+BAD = [
+    (lambda d: ([1.0], _ones(3, 4, device=d)), {}, TypeError, "x must be a torch.Tensor"),
+    (lambda d: (_ones(3, device=d), _ones(3, 4, device=d)), {}, ValueError, "x must be 2-D"),
+    (lambda d: (_ones(2, 3, device=d), _ones(3, 4, 1, device=d)), {}, ValueError,
+     "weight must be 2-D"),
+    (lambda d: (_ones(2, 3, device=d), _ones(4, 5, device=d)), {}, ValueError,
+     "weight has 4 rows"),
+    (lambda d: (_ones(2, 3, device=d), _ones(3, 4, device=d), _ones(5, device=d)), {},
+     ValueError, r"bias must have shape \(4,\)"),
+    (lambda d: (_ones(2, 3, device=d), _ones(3, 4, device=d), _ones(1, 4, device=d)), {},
+     ValueError, "bias must be 1-D"),
+    (lambda d: (_ones(2, 3, device=d), _ones(3, 4, device=d, dtype=torch.float16)), {},
+     TypeError, "float16"),
+    (lambda d: (_ones(2, 3, device=d), _ones(3, 4, device=d),
+                _ones(4, device=d, dtype=torch.bfloat16)), {}, TypeError, "bfloat16"),
+    (lambda d: (_ones(2, 3, device=d, dtype=torch.int32), _ones(3, 4, device=d)), {},
+     TypeError, "int32"),
+    (lambda d: (_ones(2, 3, device=d), _ones(3, 4, device=d)), {"input_precision": "tf32x3"},
+     ValueError, "input_precision"),
+]
+
+
+@pytest.mark.parametrize("args, kwargs, exc, words", BAD)
+@pytest.mark.parametrize("fn", [me.matmul_softmax_fused, me.matmul_softmax_unfused,
+                                me.linear_act_fused, me.linear_act_unfused])
+def test_bad_inputs_raise(fn, args, kwargs, exc, words, device):
+    with pytest.raises(exc, match=words):
+        fn(*args(device), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"method": "flash"}, "method must be one of"),
+        ({"method": "simple", "C": 1025}, "exceeds 1024"),
+        ({"method": "tiled", "C": 600}, "exceeds 512"),
+        ({"method": "online", "block_c": 100}, "block_c must be a power of two"),
+        ({"method": "tiled", "block_c": 64}, "block_c does not apply"),
+        ({"method": "simple", "block_b": 16}, "block_b does not apply"),
+        ({"method": "tiled", "block_k": 8}, "block_k must be a power of two >= 16"),
+        ({"num_warps": 3}, "num_warps must be a power of two"),
+        ({"num_stages": 0}, "num_stages must be a positive int"),
+    ],
+)
+def test_bad_matmul_softmax_options_raise(kwargs, words, device):
+    kwargs = dict(kwargs)
+    x, w, b = ms_inputs(2, 3, kwargs.pop("C", 8), torch.float32, device)
+    with pytest.raises(ValueError, match=words):
+        me.matmul_softmax_fused(x, w, b, **kwargs)
+
+
+def test_bad_linear_act_options_raise(device):
+    x, w, b = la_inputs(2, 3, 4, torch.float32, device)
+    for fn in (kernels.linear_act, me.linear_act_unfused):
+        with pytest.raises(ValueError, match="activation must be one of"):
+            fn(x, w, b, "silu")
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        me.linear_act_fused(x, w, b, block_m=48)
+    with pytest.raises(ValueError, match="softmax_block must be a power of two"):
+        me.matmul_softmax_unfused(x, w, b, softmax_block=10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for a second device")
+def test_device_mismatch_raises():
+    with pytest.raises(ValueError, match="is on"):
+        kernels.matmul_softmax(torch.ones(2, 3, device="cuda"), torch.ones(3, 4))

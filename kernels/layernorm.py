@@ -1,0 +1,667 @@
+"""LayerNorm over the last dim: `(x - mean) / sqrt(var + eps) * weight + bias`, per row.
+
+The input is viewed as rows (all leading dims flattened); statistics and arithmetic run in float32
+and every output is rounded once to its dtype. weight and bias are optional (None: no scale, no
+shift). var is the biased variance (divided by N), as in torch. The fused forward takes its
+statistics of x minus the row's first element, so a mean far above the spread loses no precision.
+
+Unfused (forward only: five kernels, the steps one would write without fusion) every step
+round-trips through memory: mean (x read), variance (x read again), normalise (x read, xhat
+written), scale (xhat read, written), shift (read, written).
+
+Fused forward, one kernel: reads x once, writes y once (plus 8 bytes of mean, rstd a row).
+- Rows of up to MAX_ONE_TILE elements are held in registers, ROWS rows at a time (a [ROWS, BLOCK]
+  tile of about FWD_TILE elements, ELEMS_PER_THREAD a thread): two reductions over registers, mean
+  then the sum of squares of (x - mean), no second pass over memory. The grid is persistent (as
+  many programs as fit on the GPU at once, each looping over tiles with a stride of the grid):
+  weight and bias are loaded once per program, not once per row, and the next tile's load is issued
+  before the current tile is reduced, so every SM always has a tile's bytes in flight.
+- Longer rows, one program a row, are read twice in tiles of LOOP_BLOCK: a first pass combines
+  per-tile (mean, M2) into the row's (Chan et al.'s parallel variance: stable, unlike sum of squares
+  minus square of sum), a second normalises and writes. The first pass asks L2 to keep the row.
+
+The fused version is differentiable (`torch.autograd.Function`). Backward, per row,
+    xhat = (x - mean) * rstd,  g = dy * weight,
+    dx = (g - xhat * mean(g * xhat) - mean(g)) * rstd,
+and dweight = sum over rows of dy * xhat, dbias = sum of dy. Those column sums are reduced in two
+stages without locks or atomics: each of `groups` programs (`bwd_groups`: one per SM) owns a
+contiguous range of rows and one row of a float32 (groups, N) partial-sum buffer for each of
+dweight and dbias; a second kernel sums the partials over groups. The first kernel reads x and dy
+once and writes dx once:
+- rows up to BWD_MAX_ONE_TILE elements are held in registers, ROWS rows at a time; the partial
+  sums accumulate in registers across the program's rows and are stored once at the end; the next
+  tile's load is issued before the current one is reduced;
+- longer rows loop over column tiles twice (sums of g * xhat and g, then dx; the second pass reads
+  the row back from L2) and add each row's dy * xhat and dy into the program's own partial rows in
+  memory (a read-modify-write that stays in L2).
+The backward kernels are compiled without FMA contraction: with it, `dy * w - c2` became one fused
+multiply-add against the rounded `dy * w` that c2 was summed from, so a one-column row (where
+dx is exactly 0) got a rounding residual instead of 0.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import check_contiguous, check_same, check_tensor, default_warps, empty
+
+# Longest row the forward keeps whole in registers.
+MAX_ONE_TILE = 16384
+# Longest row the backward keeps whole in registers (x, dy and the two partial sums).
+BWD_MAX_ONE_TILE = 16384
+# Tile of the looping kernels (rows longer than the above, or an explicit smaller block).
+LOOP_BLOCK = 4096
+UNFUSED_BLOCK = 4096
+# The register-resident kernels take [ROWS, BLOCK] tiles of about this many elements (ROWS > 1
+# for rows shorter than that; at most MAX_TILE_ROWS rows) with ELEMS_PER_THREAD elements a thread
+# (32 bytes a thread in 16-bit dtypes: two 16-byte loads), so num_warps = tile / 512, up to 32.
+FWD_TILE = 8192
+BWD_TILE = 8192
+MAX_TILE_ROWS = 64
+ELEMS_PER_THREAD = 16
+# The backward's register tile also holds the next tile's x and dy (the prefetch) when it has at
+# most this many elements; above it the extra registers would spill.
+BWD_PREFETCH_MAX = 8192
+# Backward groups: one program per SM, all resident at once, but at least MIN_ROWS_PER_GROUP rows
+# each, so the partial sums (2 x groups x N float32, written and read back) stay small next to x,
+# dy and dx (about 16 * groups / (6 * rows) of them in 16-bit dtypes: 9% at 4096 rows).
+GROUPS_PER_SM = 1
+MIN_ROWS_PER_GROUP = 8
+# SMs assumed when there is no GPU to ask (an H100 SXM).
+DEFAULT_SM_COUNT = 132
+# Elements a program of the kernel that sums the partials over groups loads per step
+# (REDUCE_TILE // BLOCK_N groups of BLOCK_N columns).
+REDUCE_TILE = 4096
+
+
+def reference(x: torch.Tensor, weight, bias, eps: float = 1e-5) -> torch.Tensor:
+    """The semantics, in PyTorch eager."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fused forward.
+
+
+@triton.jit
+def _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride):
+    """A [ROWS, BLOCK] tile of x (zeros outside) and each row's first element, in x's dtype."""
+    row_mask = rows < n_rows
+    row_ptrs = x_ptr + rows * x_row_stride
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(row_ptrs[:, None] + cols[None, :], mask=mask, other=0.0)
+    first = tl.load(row_ptrs, mask=row_mask, other=0.0)
+    return x, first
+
+
+@triton.jit
+def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_stride,
+                   y_row_stride, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows held in registers, ROWS at a time; a persistent grid strides over the row tiles."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    col_mask = cols < n_cols
+    # Loaded once per program, used for every tile it normalises.
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    r = tl.arange(0, ROWS)
+    # int64 rows: row * stride may pass 2**31.
+    step = n_prog.to(tl.int64) * ROWS
+    rows = pid.to(tl.int64) * ROWS + r
+    x, first = _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride)
+    for _ in range(pid, tl.cdiv(n_rows, ROWS), n_prog):
+        # The next tile's load goes out before this one is reduced (nothing past the last row).
+        next_x, next_first = _load_rows(x_ptr, rows + step, cols, n_rows, n_cols, x_row_stride)
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        # Statistics of x - shift, shift = the row's first element: near the mean, x - shift is
+        # exact and small, so a mean far above the spread (1e4 +- 1) costs no digits, as it would if
+        # the float32 mean itself were subtracted (its rounding alone is ~ulp(mean) / 2).
+        shift = first.to(tl.float32)
+        xs = tl.where(mask, x.to(tl.float32) - shift[:, None], 0.0)
+        d = tl.sum(xs, axis=1) / n_cols
+        # Centre before squaring (no cancellation); zero padding.
+        xc = tl.where(mask, xs - d[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+        y = xc * rstd[:, None]
+        if HAS_W:
+            y = y * w[None, :]
+        if HAS_B:
+            y = y + b[None, :]
+        tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :],
+                 y.to(y_ptr.dtype.element_ty), mask=mask)
+        # The backward recomputes xhat from this float32 mean (as eager PyTorch does).
+        tl.store(stats_ptr + rows, shift + d, mask=row_mask)
+        tl.store(stats_ptr + n_rows + rows, rstd, mask=row_mask)
+        rows += step
+        x = next_x
+        first = next_first
+
+
+@triton.jit
+def _ln_fwd_loop_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_stride,
+                        y_row_stride, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """Rows longer than a tile, one program a row: two passes over BLOCK-column tiles."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    y_row = y_ptr + row * y_row_stride
+    cols = tl.arange(0, BLOCK)
+    shift = tl.load(x_row).to(tl.float32)  # as in _ln_fwd_kernel
+    count = tl.full((), 0.0, tl.float32)
+    d = tl.full((), 0.0, tl.float32)
+    m2 = tl.full((), 0.0, tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        # evict_last: the second pass reads the row again.
+        x = tl.load(x_row + offs, mask=mask, eviction_policy="evict_last").to(tl.float32)
+        xs = tl.where(mask, x - shift, 0.0)
+        n_tile = tl.minimum(n_cols - start, BLOCK).to(tl.float32)
+        tile_mean = tl.sum(xs, axis=0) / n_tile
+        dev = tl.where(mask, xs - tile_mean, 0.0)
+        # Chan's update of the running (count, mean, M2) with the tile's own.
+        total = count + n_tile
+        delta = tile_mean - d
+        d += delta * (n_tile / total)
+        m2 += tl.sum(dev * dev, axis=0) + delta * delta * (count * n_tile / total)
+        count = total
+    rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        y = ((x - shift) - d) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + offs, mask=mask).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + offs, mask=mask).to(tl.float32)
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(stats_ptr + row, shift + d)
+    tl.store(stats_ptr + n_rows + row, rstd)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fused backward.
+
+
+@triton.jit
+def _load_bwd_rows(x_ptr, dy_ptr, stats_ptr, rows, cols, end, n_rows, n_cols, x_row_stride,
+                   dy_row_stride):
+    """x and dy tiles (zeros outside), mean and rstd of rows [.., end): what a row tile needs."""
+    row_mask = rows < end
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
+    mean = tl.load(stats_ptr + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(stats_ptr + n_rows + rows, mask=row_mask, other=0.0)
+    return x, dy, mean, rstd
+
+
+@triton.jit
+def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part_ptr, n_rows,
+                   n_cols, n_groups,
+                   x_row_stride, dy_row_stride, dx_row_stride, HAS_W: tl.constexpr,
+                   DW: tl.constexpr, DB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                   PREFETCH: tl.constexpr):
+    """dx of a contiguous range of rows, ROWS at a time in registers, and the range's partial
+    dweight, dbias (accumulated in registers, stored once into this program's partial rows)."""
+    group = tl.program_id(0)
+    # Rows [first, end): the ranges of consecutive groups differ by at most one row, none empty.
+    first = group.to(tl.int64) * n_rows // n_groups
+    end = (group + 1).to(tl.int64) * n_rows // n_groups
+    cols = tl.arange(0, BLOCK)
+    col_mask = cols < n_cols
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK], tl.float32)
+    db_acc = tl.zeros([ROWS, BLOCK], tl.float32)
+    r = tl.arange(0, ROWS)
+    if PREFETCH:
+        x, dy, mean, rstd = _load_bwd_rows(x_ptr, dy_ptr, stats_ptr, first + r, cols, end,
+                                           n_rows, n_cols, x_row_stride, dy_row_stride)
+    for start in range(first, end, ROWS):
+        rows = start + r
+        if PREFETCH:
+            # The next tile's load goes out before this one is reduced.
+            nx, ndy, nmean, nrstd = _load_bwd_rows(x_ptr, dy_ptr, stats_ptr, rows + ROWS, cols,
+                                                   end, n_rows, n_cols, x_row_stride,
+                                                   dy_row_stride)
+        else:
+            x, dy, mean, rstd = _load_bwd_rows(x_ptr, dy_ptr, stats_ptr, rows, cols, end, n_rows,
+                                               n_cols, x_row_stride, dy_row_stride)
+        mask = (rows < end)[:, None] & col_mask[None, :]
+        dyf = dy.to(tl.float32)
+        xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        g = dyf
+        if HAS_W:
+            g = g * w[None, :]
+        c1 = tl.sum(xhat * g, axis=1) / n_cols
+        c2 = tl.sum(g, axis=1) / n_cols
+        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
+                 dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if DW:
+            dw_acc += dyf * xhat
+        if DB:
+            db_acc += dyf
+        if PREFETCH:
+            x = nx
+            dy = ndy
+            mean = nmean
+            rstd = nrstd
+    # This program's own row of each partial buffer: no other program writes it.
+    if DW:
+        tl.store(dw_part_ptr + group * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+    if DB:
+        tl.store(db_part_ptr + group * n_cols + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _ln_bwd_loop_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part_ptr,
+                        n_rows, n_cols, n_groups, x_row_stride, dy_row_stride, dx_row_stride,
+                        HAS_W: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """Rows longer than a tile: per row, pass 1 sums g * xhat and g over BLOCK-column tiles, pass
+    2 reads the row again (from L2), writes dx and adds dy * xhat, dy into this program's partial
+    rows (read back from L2; its first row writes them without reading)."""
+    group = tl.program_id(0)
+    first = group.to(tl.int64) * n_rows // n_groups
+    end = (group + 1).to(tl.int64) * n_rows // n_groups
+    cols = tl.arange(0, BLOCK)
+    dw_row = dw_part_ptr + group * n_cols
+    db_row = db_part_ptr + group * n_cols
+    for row in range(first, end):
+        x_row = x_ptr + row * x_row_stride
+        dy_row = dy_ptr + row * dy_row_stride
+        mean = tl.load(stats_ptr + row)
+        rstd = tl.load(stats_ptr + n_rows + row)
+        acc_gx = tl.zeros([BLOCK], tl.float32)
+        acc_g = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            offs = start + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_last")
+            dy = tl.load(dy_row + offs, mask=mask, other=0.0, eviction_policy="evict_last")
+            xhat = tl.where(mask, (x.to(tl.float32) - mean) * rstd, 0.0)
+            g = dy.to(tl.float32)
+            if HAS_W:
+                g = g * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            acc_gx += g * xhat
+            acc_g += g
+        c1 = tl.sum(acc_gx, axis=0) / n_cols
+        c2 = tl.sum(acc_g, axis=0) / n_cols
+        not_first = row > first
+        for start in range(0, n_cols, BLOCK):
+            offs = start + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+            dyf = tl.load(dy_row + offs, mask=mask, other=0.0,
+                          eviction_policy="evict_first").to(tl.float32)
+            xhat = tl.where(mask, (x.to(tl.float32) - mean) * rstd, 0.0)
+            g = dyf
+            if HAS_W:
+                g = g * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dx = (g - (xhat * c1 + c2)) * rstd
+            tl.store(dx_ptr + row * dx_row_stride + offs, dx.to(dx_ptr.dtype.element_ty),
+                     mask=mask)
+            if DW:
+                prev = tl.load(dw_row + offs, mask=mask & not_first, other=0.0)
+                tl.store(dw_row + offs, prev + dyf * xhat, mask=mask)
+            if DB:
+                prev = tl.load(db_row + offs, mask=mask & not_first, other=0.0)
+                tl.store(db_row + offs, prev + dyf, mask=mask)
+
+
+@triton.jit
+def _sum_groups_kernel(part_ptr, dw_ptr, db_ptr, n_groups, n_cols, DW: tl.constexpr,
+                       DB: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dweight, dbias [c] = sum over groups of the partials: the second stage of the column sums.
+    Program (i, k) sums columns tile i of partial buffer k (dweight first when there is one)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    k = tl.program_id(1)
+    base = part_ptr + k.to(tl.int64) * n_groups * n_cols
+    acc = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    for g0 in range(0, n_groups, BLOCK_G):
+        gs = g0 + tl.arange(0, BLOCK_G)
+        mask = (gs < n_groups)[:, None] & col_mask[None, :]
+        acc += tl.load(base + gs[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if DW and DB:
+        if k == 0:
+            tl.store(dw_ptr + cols, total.to(dw_ptr.dtype.element_ty), mask=col_mask)
+        else:
+            tl.store(db_ptr + cols, total.to(db_ptr.dtype.element_ty), mask=col_mask)
+    elif DW:
+        tl.store(dw_ptr + cols, total.to(dw_ptr.dtype.element_ty), mask=col_mask)
+    else:
+        tl.store(db_ptr + cols, total.to(db_ptr.dtype.element_ty), mask=col_mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# The unfused baseline (forward only): five kernels, each step stored. Per-row statistics are
+# float32; the per-element intermediates are in x's dtype, as separate eager ops would keep them.
+
+
+@triton.jit
+def _row_mean_kernel(x_ptr, mean_ptr, n_cols, x_row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        acc += tl.load(x_ptr + row * x_row_stride + offs, mask=offs < n_cols,
+                       other=0.0).to(tl.float32)
+    tl.store(mean_ptr + row, tl.sum(acc, axis=0) / n_cols)
+
+
+@triton.jit
+def _row_var_kernel(x_ptr, mean_ptr, var_ptr, n_cols, x_row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mean = tl.load(mean_ptr + row)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - mean, 0.0)
+        acc += d * d
+    tl.store(var_ptr + row, tl.sum(acc, axis=0) / n_cols)
+
+
+@triton.jit
+def _normalise_kernel(x_ptr, mean_ptr, var_ptr, out_ptr, n_cols, x_row_stride, eps,
+                      BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.load(var_ptr + row) + eps)
+    xhat = (x - tl.load(mean_ptr + row)) * rstd
+    tl.store(out_ptr + row * n_cols + offs, xhat.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_kernel(t_ptr, w_ptr, out_ptr, n, n_cols, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    t = tl.load(t_ptr + offs, mask=mask).to(tl.float32)
+    w = tl.load(w_ptr + offs % n_cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (t * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _shift_kernel(t_ptr, b_ptr, out_ptr, n, n_cols, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    t = tl.load(t_ptr + offs, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offs % n_cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (t + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side.
+
+
+def _as_rows(name: str, x) -> tuple[torch.Tensor | None, int, int]:
+    """Check x and view it as (rows, cols) without a copy; None for the view when x is empty.
+
+    Rows may be strided (e.g. a slice x[:, :k]) as long as the last dim is contiguous and the
+    leading dims merge into one row stride."""
+    check_tensor(name, x, min_ndim=1)
+    n_cols = x.shape[-1]
+    n_rows = math.prod(x.shape[:-1])
+    if x.numel() == 0:
+        return None, n_rows, n_cols
+    if n_cols > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(x.stride())}); "
+                         "call .contiguous() first")
+    try:
+        rows = x.view(n_rows, n_cols)
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(x.shape)} and strides {tuple(x.stride())} cannot "
+                         "be viewed as rows without a copy; call .contiguous() first") from None
+    return rows, n_rows, n_cols
+
+
+def _check_inputs(x, weight, bias, eps):
+    rows, n_rows, n_cols = _as_rows("x", x)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        check_tensor(name, p, ndim=1)
+        check_same([("x", x), (name, p)])
+        if p.shape[0] != n_cols:
+            raise ValueError(f"{name} must have shape ({n_cols},) to match x's last dim, got "
+                             f"{tuple(p.shape)}")
+        check_contiguous(name, p)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return rows, n_rows, n_cols
+
+
+def _check_block(block) -> None:
+    if not isinstance(block, int) or block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")
+
+
+def _check_warps(num_warps) -> None:
+    if not isinstance(num_warps, int) or not 1 <= num_warps <= 32 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
+
+
+def _check_options(block, num_warps, groups=None) -> None:
+    if block is not None:
+        _check_block(block)
+    if num_warps is not None:
+        _check_warps(num_warps)
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)
+                               or groups < 1):
+        raise ValueError(f"groups must be a positive int, got {groups}")
+
+
+def _config(n_cols, block, num_warps, max_one_tile, tile_elems):
+    """(block, rows, num_warps, one_tile) of a kernel: the whole row in registers up to
+    max_one_tile (rows of them at a time, ~tile_elems elements), else LOOP_BLOCK tiles."""
+    if block is None:
+        block = max(16, triton.next_power_of_2(n_cols)) if n_cols <= max_one_tile else LOOP_BLOCK
+    _check_block(block)
+    one_tile = block >= n_cols
+    rows = max(1, min(MAX_TILE_ROWS, tile_elems // block)) if one_tile else 1
+    if num_warps is None:
+        if one_tile:
+            num_warps = max(1, min(32, rows * block // (32 * ELEMS_PER_THREAD)))
+        else:
+            num_warps = default_warps(block)
+    _check_warps(num_warps)
+    return block, rows, num_warps, one_tile
+
+
+def _sm_count(device) -> int:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+# Programs of the persistent forward kernel that fit on one SM at once, per compiled variant,
+# learnt from the registers and shared memory of its first launch (the first launch itself uses
+# one program per SM: the kernel is correct for any grid).
+_RESIDENT: dict = {}
+
+
+def _resident_programs(compiled, device, num_warps) -> int:
+    try:
+        n_regs = compiled.n_regs
+        smem = compiled.metadata.shared
+        props = torch.cuda.get_device_properties(device)
+    except Exception:  # noqa: BLE001 - no launch metadata (the interpreter): stay at one
+        return 1
+    threads = 32 * num_warps
+    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    threads_sm = getattr(props, "max_threads_per_multi_processor", 2048)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    # Registers are allocated per warp in units of 256.
+    regs_per_warp = -(-max(1, n_regs) * 32 // 256) * 256
+    fit = min(regs_sm // regs_per_warp // num_warps, threads_sm // threads, 32)
+    if smem:
+        fit = min(fit, smem_sm // (smem + 1024))  # 1 KiB a block is reserved by the driver
+    return max(1, fit)
+
+
+def bwd_groups(n_rows: int, device=None) -> int:
+    """Number of programs (row groups, partial-sum rows) the backward uses for n_rows rows by
+    default: one per SM, at least MIN_ROWS_PER_GROUP rows each."""
+    sms = DEFAULT_SM_COUNT if device is None else _sm_count(device)
+    return max(1, min(GROUPS_PER_SM * sms, triton.cdiv(n_rows, MIN_ROWS_PER_GROUP)))
+
+
+def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
+    """Run the fused forward into the (rows, cols) view y2; return (2, rows) float32 (mean, rstd)."""
+    block, tile_rows, num_warps, one_tile = _config(n_cols, block, num_warps, MAX_ONE_TILE,
+                                                    FWD_TILE)
+    stats = empty((2, n_rows), torch.float32, rows.device)
+    # A stand-in pointer where weight or bias is None (never read: HAS_W/HAS_B are constexpr).
+    args = (rows, y2, rows if weight is None else weight, rows if bias is None else bias, stats,
+            n_rows, n_cols, rows.stride(0), y2.stride(0), float(eps))
+    has_w, has_b = weight is not None, bias is not None
+    if not one_tile:
+        _ln_fwd_loop_kernel[(n_rows,)](*args, HAS_W=has_w, HAS_B=has_b, BLOCK=block,
+                                       num_warps=num_warps)
+        return stats
+    key = (rows.device, rows.dtype, has_w, has_b, tile_rows, block, num_warps)
+    per_sm = _RESIDENT.get(key)
+    n_tiles = triton.cdiv(n_rows, tile_rows)
+    grid = min(n_tiles, _sm_count(rows.device) * (per_sm or 1))
+    compiled = _ln_fwd_kernel[(grid,)](*args, HAS_W=has_w, HAS_B=has_b, ROWS=tile_rows,
+                                       BLOCK=block, num_warps=num_warps)
+    if per_sm is None:
+        _RESIDENT[key] = _resident_programs(compiled, rows.device, num_warps)
+    return stats
+
+
+def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
+    """(dx, dweight or None, dbias or None) of the fused LayerNorm."""
+    rows, n_rows, n_cols = _as_rows("x", x)
+    dx = empty(x.shape, x.dtype, x.device)
+    if rows is None:  # no rows: dx is empty, the column sums are zeros
+        zeros = torch.zeros(n_cols, dtype=x.dtype, device=x.device)
+        return dx, zeros if need_dw else None, zeros.clone() if need_db else None
+    dy2 = dy.contiguous().view(n_rows, n_cols)
+    dx2 = dx.view(n_rows, n_cols)
+    block, tile_rows, num_warps, one_tile = _config(n_cols, block, num_warps, BWD_MAX_ONE_TILE,
+                                                    BWD_TILE)
+    groups = bwd_groups(n_rows, x.device) if groups is None else min(groups, n_rows)
+    # Partial sums: buffer 0 dweight, then dbias (only those needed); every (group, column) slot
+    # is written by exactly one program.
+    n_parts = int(need_dw) + int(need_db)
+    part = empty((n_parts, groups, n_cols), torch.float32, x.device) if n_parts else rows
+    has_w = weight is not None
+    args = (rows, dy2, dx2, weight if has_w else rows, stats, part[0] if need_dw else rows,
+            part[-1] if need_db else rows, n_rows, n_cols, groups, rows.stride(0), dy2.stride(0),
+            dx2.stride(0))
+    if one_tile:
+        _ln_bwd_kernel[(groups,)](
+            *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=tile_rows, BLOCK=block,
+            PREFETCH=tile_rows * block <= BWD_PREFETCH_MAX, num_warps=num_warps,
+            enable_fp_fusion=False)
+    else:
+        _ln_bwd_loop_kernel[(groups,)](*args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=block,
+                                       num_warps=num_warps, enable_fp_fusion=False)
+    if n_parts == 0:
+        return dx, None, None
+    dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
+    db = empty((n_cols,), x.dtype, x.device) if need_db else None
+    block_n = min(128, max(32, triton.next_power_of_2(n_cols) // 128))
+    _sum_groups_kernel[(triton.cdiv(n_cols, block_n), n_parts)](
+        part, rows if dw is None else dw, rows if db is None else db, groups, n_cols, DW=need_dw,
+        DB=need_db, BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
+    return dx, dw, db
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, block, num_warps, groups):
+        rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
+        _check_options(block, num_warps, groups)
+        y = empty(x.shape, x.dtype, x.device)
+        if rows is None:
+            stats = torch.empty((2, 0), dtype=torch.float32, device=x.device)
+        else:
+            stats = _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps,
+                             y.view(n_rows, n_cols))
+        ctx.save_for_backward(x, weight, stats)
+        ctx.has_bias = bias is not None
+        ctx.options = (block, num_warps, groups)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, stats = ctx.saved_tensors
+        need_dw = weight is not None and ctx.needs_input_grad[1]
+        need_db = ctx.has_bias and ctx.needs_input_grad[2]
+        dx, dw, db = _backward(dy, x, weight, stats, need_dw, need_db, *ctx.options)
+        return dx, dw, db, None, None, None, None
+
+
+def triton_fused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, block=None,
+                 num_warps=None, groups=None) -> torch.Tensor:
+    """Fused LayerNorm, differentiable: one forward kernel; backward one kernel for dx and the
+    partial dweight/dbias, one more for their sum over groups.
+
+    block: the tile; a block >= the row length keeps the row in registers (the default up to
+    MAX_ONE_TILE forward, BWD_MAX_ONE_TILE backward), a smaller one loops. num_warps: of the
+    forward and backward's first kernel. groups: programs of the backward (default `bwd_groups`;
+    at most one per row)."""
+    return _LayerNorm.apply(x, weight, bias, eps, block, num_warps, groups)
+
+
+def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, block=None,
+                   num_warps=None) -> torch.Tensor:
+    """Forward only (no autograd): five Triton kernels, mean -> variance -> normalise -> scale
+    -> shift, each result stored and read back by the next (scale/shift skipped for None)."""
+    rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
+    _check_options(block, num_warps)
+    block = min(UNFUSED_BLOCK, max(16, triton.next_power_of_2(n_cols))) if block is None else block
+    num_warps = default_warps(block) if num_warps is None else num_warps
+    if rows is None:
+        return empty(x.shape, x.dtype, x.device)
+    mean = empty((n_rows,), torch.float32, x.device)
+    var = empty((n_rows,), torch.float32, x.device)
+    _row_mean_kernel[(n_rows,)](rows, mean, n_cols, rows.stride(0), BLOCK=block,
+                                num_warps=num_warps)
+    _row_var_kernel[(n_rows,)](rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
+                               num_warps=num_warps)
+    t = empty(x.shape, x.dtype, x.device)
+    _normalise_kernel[(n_rows, triton.cdiv(n_cols, block))](
+        rows, mean, var, t, n_cols, rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
+    n = x.numel()
+    for kernel, p in ((_scale_kernel, weight), (_shift_kernel, bias)):
+        if p is not None:
+            out = empty(x.shape, x.dtype, x.device)
+            kernel[(triton.cdiv(n, block),)](t, p, out, n, n_cols, BLOCK=block,
+                                             num_warps=num_warps)
+            t = out
+    return t
+
+
+def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim of x in fused Triton kernels; differentiable.
+
+    x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
+    last dim contiguous. weight, bias: None or contiguous (N,) tensors of x's dtype and device, N
+    = x.shape[-1]. Statistics and math in float32; output (and gradients) in x's dtype."""
+    return triton_fused(x, weight, bias, eps)

@@ -1,0 +1,352 @@
+"""Softmax over the last dim, any row length: `exp(x - max) / sum(exp(x - max))` per row.
+
+The input is viewed as rows (all leading dims flattened); the math runs in float32 and the output,
+of x's shape and dtype, is rounded once at the store.
+
+Unfused (three kernels) the row max and the row sum are separate passes over x and the
+exponentials are recomputed for the output: x is read three times and written once (4N element
+moves). Fused, `plan` picks one of three paths:
+
+- "one_pass": one program per row holds the whole row in registers: x read once, written once (2N).
+  Up to MAX_ONE_PASS elements: at 32768 and 16 warps ptxas gives 124 registers a thread (64 row
+  values each), no spills, the whole register file of an H100 SM for one program; twice the row
+  would spill at 16 warps and cannot launch at 32.
+- "online": one program per row loops over tiles keeping a running max m and sum s (rescaling s
+  when m grows), then a second loop writes exp(x - m) / s: x read twice (3N). The second loop walks
+  the tiles backwards, so the tiles read last, the likeliest still in L2, are read again first.
+- "split": for long rows and fewer rows than SMs, where one program per row would leave most of
+  the GPU idle: several programs per row each reduce a chunk to a partial (max, sum), and a second
+  kernel combines a row's partials and writes its chunk. Also 3N, but the whole GPU works; when the
+  tensor fits in L2, the second read comes from there.
+
+An all -inf row gives NaN, as torch.softmax does (there is no max to subtract); a row with some
+-inf gives exact zeros there. A NaN or +inf in a row makes that row NaN, as in torch.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_tensor, default_warps, empty
+
+# Longest row kept whole in registers by the one-pass kernel (see the module docstring).
+MAX_ONE_PASS = 32768
+# Default tile of the looping kernels (online, split, unfused): 16 warps, 16 float32 a thread.
+ONLINE_BLOCK = 8192
+UNFUSED_BLOCK = 4096
+# SMs assumed when there is no GPU to ask (an H100 SXM), so the interpreter plans like an H100.
+DEFAULT_SM_COUNT = 132
+# The split path aims at this many programs per SM in all.
+SPLIT_PROGRAMS_PER_SM = 2
+
+ONE_PASS, ONLINE, SPLIT = "one_pass", "online", "split"
+PATHS = (ONE_PASS, ONLINE, SPLIT)
+
+# A constexpr: the only kind of global a @triton.jit function may read.
+NEG_INF = tl.constexpr(float("-inf"))
+
+
+class Plan(NamedTuple):
+    """How `triton_fused` runs a shape: which kernel, its block (whole row or tile), its warps,
+    how many programs share a row (1 but for the split path) and the columns each one owns."""
+
+    path: str
+    block: int
+    num_warps: int
+    splits: int
+    chunk: int
+
+
+def reference(x: torch.Tensor) -> torch.Tensor:
+    """The semantics, in PyTorch eager."""
+    return torch.softmax(x, -1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared pieces of the fused kernels.
+
+
+@triton.jit
+def _online_max_sum(x_row, start, end, BLOCK: tl.constexpr):
+    """Running (max, sum of exp(x - max)) over x_row[start:end], tile by tile."""
+    cols = tl.arange(0, BLOCK)
+    m = tl.full((), NEG_INF, tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    for tile_start in range(start, end, BLOCK):
+        offs = tile_start + cols
+        # evict_last: the row is read again by the write loop; ask L2 to keep it.
+        x = tl.load(x_row + offs, mask=offs < end, other=NEG_INF,
+                    eviction_policy="evict_last").to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # Until a finite value is seen m_new is -inf and x - m_new would be NaN; shifting by 0
+        # instead keeps s at exactly 0 (exp(-inf) = 0) and the rescale factor finite.
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        m = m_new
+    return m, s
+
+
+@triton.jit
+def _write_normalised(x_row, out_row, start, end, m, s, BLOCK: tl.constexpr):
+    """out_row[start:end] = exp(x - m) / s, walking the tiles last to first (see docstring)."""
+    cols = tl.arange(0, BLOCK)
+    inv_s = 1.0 / s  # one division per row; a multiply per element
+    n_tiles = tl.cdiv(end - start, BLOCK)
+    for i in range(0, n_tiles):
+        offs = start + (n_tiles - 1 - i) * BLOCK + cols
+        mask = offs < end
+        # evict_first: this is the row's last read.
+        x = tl.load(x_row + offs, mask=mask, other=NEG_INF,
+                    eviction_policy="evict_first").to(tl.float32)
+        # An all -inf row has m = -inf: x - m is NaN, the row NaN, as in torch.
+        y = tl.exp(x - m) * inv_s
+        tl.store(out_row + offs, y.to(out_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_one_pass_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
+                             BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    # -inf in the padding: it never wins the max and its exp is 0.
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=NEG_INF).to(tl.float32)
+    m = tl.max(x, axis=0)
+    e = tl.exp(x - m)
+    y = e * (1.0 / tl.sum(e, axis=0))
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_online_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
+                           BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    m, s = _online_max_sum(x_row, 0, n_cols, BLOCK)
+    _write_normalised(x_row, out_ptr + row * out_row_stride, 0, n_cols, m, s, BLOCK)
+
+
+@triton.jit
+def _softmax_split_partial_kernel(x_ptr, pmax_ptr, psum_ptr, n_cols, x_row_stride, chunk, n_splits,
+                                  BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_cols)
+    m, s = _online_max_sum(x_ptr + row * x_row_stride, start, end, BLOCK)
+    tl.store(pmax_ptr + row * n_splits + split, m)
+    tl.store(psum_ptr + row * n_splits + split, s)
+
+
+@triton.jit
+def _softmax_split_write_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, n_cols, x_row_stride,
+                                out_row_stride, chunk, n_splits, SPLITS_P2: tl.constexpr,
+                                BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    # Every program of a row combines the row's few partials itself: cheaper than a third kernel.
+    idx = tl.arange(0, SPLITS_P2)
+    pmask = idx < n_splits
+    pm = tl.load(pmax_ptr + row * n_splits + idx, mask=pmask, other=NEG_INF)
+    ps = tl.load(psum_ptr + row * n_splits + idx, mask=pmask, other=0.0)
+    m = tl.max(pm, axis=0)
+    # A chunk (or padding) with partial max -inf has partial sum 0 and adds exactly 0.
+    s = tl.sum(ps * tl.exp(pm - m), axis=0)
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_cols)
+    _write_normalised(x_ptr + row * x_row_stride, out_ptr + row * out_row_stride, start, end, m, s,
+                      BLOCK)
+
+
+# ------------------------------------------------------------------------------------------------
+# The unfused baseline: three kernels, each intermediate stored.
+
+
+@triton.jit
+def _row_max_kernel(x_ptr, max_ptr, n_cols, x_row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    # Lane-wise max across tiles, one reduction at the end.
+    acc = tl.full([BLOCK], NEG_INF, tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        x = tl.load(x_ptr + row * x_row_stride + offs, mask=offs < n_cols, other=NEG_INF)
+        acc = tl.maximum(acc, x.to(tl.float32))
+    tl.store(max_ptr + row, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _row_exp_sum_kernel(x_ptr, max_ptr, sum_ptr, n_cols, x_row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = tl.load(max_ptr + row)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        x = tl.load(x_ptr + row * x_row_stride + offs, mask=offs < n_cols, other=NEG_INF)
+        acc += tl.exp(x.to(tl.float32) - m)
+    tl.store(sum_ptr + row, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _normalise_kernel(x_ptr, max_ptr, sum_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
+                      BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    m = tl.load(max_ptr + row)
+    inv_s = 1.0 / tl.load(sum_ptr + row)
+    x = tl.load(x_ptr + row * x_row_stride + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + row * out_row_stride + offs,
+             (tl.exp(x - m) * inv_s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side.
+
+
+def _as_rows(name: str, x) -> tuple[torch.Tensor | None, int, int]:
+    """Check x and view it as (rows, cols) without a copy; None for the view when x is empty.
+
+    Rows may be strided (e.g. a slice x[:, :k]) as long as the last dim is contiguous and the
+    leading dims merge into one row stride."""
+    check_tensor(name, x, min_ndim=1)
+    n_cols = x.shape[-1]
+    n_rows = math.prod(x.shape[:-1])
+    if x.numel() == 0:
+        return None, n_rows, n_cols
+    if n_cols > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(x.stride())}); "
+                         "call .contiguous() first")
+    try:
+        rows = x.view(n_rows, n_cols)
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(x.shape)} and strides {tuple(x.stride())} cannot "
+                         "be viewed as rows without a copy; call .contiguous() first") from None
+    return rows, n_rows, n_cols
+
+
+def _check_block(block: int) -> None:
+    if not isinstance(block, int) or block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")
+
+
+def _check_warps(num_warps) -> None:
+    if not isinstance(num_warps, int) or not 1 <= num_warps <= 32 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
+
+
+def _sm_count(device) -> int:
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, path=None,
+         splits=None) -> Plan:
+    """The path, block, warps and splits `triton_fused` uses for (n_rows, n_cols), with any of
+    them forced. Raises ValueError on a choice that cannot work."""
+    if path is None:
+        if n_cols <= MAX_ONE_PASS:
+            path = ONE_PASS
+        elif n_rows < _sm_count(device):
+            path = SPLIT
+        else:
+            path = ONLINE
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    whole_row = max(16, triton.next_power_of_2(n_cols))
+    if path == ONE_PASS:
+        block = whole_row if block is None else block
+        _check_block(block)
+        if block < whole_row:
+            raise ValueError(
+                f"the one-pass kernel holds the whole row: block must be >= {whole_row} for rows "
+                f"of {n_cols}, got {block} (path='online' loops over tiles of block)")
+    else:
+        block = min(ONLINE_BLOCK, whole_row) if block is None else block
+        _check_block(block)
+    num_warps = default_warps(block) if num_warps is None else num_warps
+    _check_warps(num_warps)
+    n_splits, chunk = 1, n_cols
+    if path == SPLIT:
+        tiles = triton.cdiv(n_cols, block)
+        if splits is None:
+            splits = triton.cdiv(SPLIT_PROGRAMS_PER_SM * _sm_count(device), max(n_rows, 1))
+        if not isinstance(splits, int) or splits < 1:
+            raise ValueError(f"splits must be a positive int, got {splits}")
+        # Whole tiles per chunk; then drop splits that would get no columns.
+        chunk = triton.cdiv(tiles, min(splits, tiles)) * block
+        n_splits = triton.cdiv(n_cols, chunk)
+    elif splits is not None:
+        raise ValueError(f"splits only applies to path='split', not {path!r}")
+    return Plan(path, block, num_warps, n_splits, chunk)
+
+
+def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
+                 splits=None) -> torch.Tensor:
+    """Fused softmax: one kernel (one_pass, online) or two (split); see `plan` for the choice.
+
+    block: for one_pass the register block (>= the row length rounded up to a power of two), else
+    the tile of the loops. path: force "one_pass", "online" or "split". splits: programs per row
+    for the split path."""
+    rows, n_rows, n_cols = _as_rows("x", x)
+    p = plan(n_rows, n_cols, device=x.device, block=block, num_warps=num_warps, path=path,
+             splits=splits)
+    out = empty(x.shape, x.dtype, x.device)
+    if rows is None:
+        return out
+    out2 = out.view(n_rows, n_cols)
+    args = (n_cols, rows.stride(0), out2.stride(0))
+    if p.path == ONE_PASS:
+        _softmax_one_pass_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block,
+                                            num_warps=p.num_warps)
+    elif p.path == ONLINE:
+        _softmax_online_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block, num_warps=p.num_warps)
+    else:
+        # Every (row, split) slot is written by the first kernel.
+        pmax = empty((n_rows, p.splits), torch.float32, x.device)
+        psum = empty((n_rows, p.splits), torch.float32, x.device)
+        grid = (n_rows, p.splits)
+        _softmax_split_partial_kernel[grid](rows, pmax, psum, n_cols, rows.stride(0), p.chunk,
+                                            p.splits, BLOCK=p.block, num_warps=p.num_warps)
+        _softmax_split_write_kernel[grid](rows, out2, pmax, psum, *args, p.chunk, p.splits,
+                                          SPLITS_P2=triton.next_power_of_2(p.splits),
+                                          BLOCK=p.block, num_warps=p.num_warps)
+    return out
+
+
+def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tensor:
+    """Three Triton kernels: row max (stored), row sum of exp(x - max) (stored), then
+    out = exp(x - max) / sum. block: the tile of every kernel (any row length)."""
+    rows, n_rows, n_cols = _as_rows("x", x)
+    block = min(UNFUSED_BLOCK, max(16, triton.next_power_of_2(n_cols))) if block is None else block
+    _check_block(block)
+    num_warps = default_warps(block) if num_warps is None else num_warps
+    _check_warps(num_warps)
+    out = empty(x.shape, x.dtype, x.device)
+    if rows is None:
+        return out
+    out2 = out.view(n_rows, n_cols)
+    row_max = empty((n_rows,), torch.float32, x.device)
+    row_sum = empty((n_rows,), torch.float32, x.device)
+    _row_max_kernel[(n_rows,)](rows, row_max, n_cols, rows.stride(0), BLOCK=block,
+                               num_warps=num_warps)
+    _row_exp_sum_kernel[(n_rows,)](rows, row_max, row_sum, n_cols, rows.stride(0), BLOCK=block,
+                                   num_warps=num_warps)
+    _normalise_kernel[(n_rows, triton.cdiv(n_cols, block))](
+        rows, row_max, row_sum, out2, n_cols, rows.stride(0), out2.stride(0), BLOCK=block,
+        num_warps=num_warps)
+    return out
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of x, in fused Triton kernels (see `plan` for which).
+
+    x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
+    last dim contiguous. Any row length. Math in float32, output in x's dtype and shape."""
+    return triton_fused(x)

@@ -1,0 +1,186 @@
+import importlib
+
+import pytest
+import torch
+
+import kernels
+
+from conftest import TOL, rel_err
+
+# The module, not the function: `kernels.softmax` is the public function of the same name.
+sm = importlib.import_module("kernels.softmax")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# length 1, odd, a power of two and one past it, a multiple of a tile plus a remainder
+WIDTHS = [1, 7, 256, 1025, 3 * 64 + 5]
+IMPLS = [sm.triton_fused, sm.triton_unfused, kernels.softmax]
+
+
+def ref64(x):
+    return torch.softmax(x.double(), -1)
+
+
+def rand(shape, dtype, device, scale=3.0):
+    return (torch.randn(shape, device=device) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", WIDTHS)
+def test_matches_float64(impl, dtype, n, device):
+    x = rand((5, n), dtype, device)
+    out = impl(x)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert rel_err(out, ref64(x)) <= 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 1000])
+@pytest.mark.parametrize("kw", [dict(path="online", block=16), dict(path="online", block=64),
+                                dict(path="split", block=16, splits=3),
+                                dict(path="split", block=16, splits=100)])
+def test_looping_paths_at_small_widths(kw, n, dtype, device):
+    """The online and split kernels forced on short rows, with tiles small enough to loop."""
+    x = rand((3, n), dtype, device)
+    assert rel_err(sm.triton_fused(x, **kw), ref64(x)) <= 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [16, 32, 128])
+def test_unfused_tiles(block, dtype, device):
+    x = rand((3, 300), dtype, device)
+    assert rel_err(sm.triton_unfused(x, block=block), ref64(x)) <= 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kw", [{}, dict(path="online"), dict(path="split")])
+def test_long_rows(kw, dtype, device):
+    """70,001 columns: past MAX_ONE_PASS, so the default plan loops (split, for so few rows)."""
+    x = rand((2, 70_001), dtype, device)
+    assert sm.plan(2, 70_001).path == sm.SPLIT
+    assert rel_err(sm.triton_fused(x, **kw), ref64(x)) <= 2 * TOL[dtype]
+
+
+def test_long_rows_unfused(device):
+    x = rand((2, 70_001), torch.float32, device)
+    assert rel_err(sm.triton_unfused(x), ref64(x)) <= 2 * TOL[torch.float32]
+
+
+@pytest.mark.parametrize("block", [1024, 2048])
+def test_one_pass_blocks(block, device):
+    x = rand((3, 1000), torch.float32, device)
+    assert rel_err(sm.triton_fused(x, block=block, num_warps=2), ref64(x)) <= TOL[torch.float32]
+
+
+STABILITY_IMPLS = [sm.triton_fused, sm.triton_unfused,
+                   lambda x: sm.triton_fused(x, path="online", block=16),
+                   lambda x: sm.triton_fused(x, path="split", block=16, splits=4)]
+
+
+@pytest.mark.parametrize("impl", STABILITY_IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_values(impl, dtype, device):
+    """Values around 1e4 (exp would overflow without subtracting the max) and a wide spread."""
+    x = torch.randn(4, 70, device=device)
+    x = torch.cat([1e4 + x[:2], x[2:] * 1e4]).to(dtype)
+    out = impl(x)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref64(x)) <= 2 * TOL[dtype]
+
+
+# The all -inf row computes -inf - (-inf) on purpose; numpy warns about it under the interpreter.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("impl", STABILITY_IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_minus_inf(impl, dtype, device):
+    """-inf entries give exact zeros; whole -inf tiles before the first finite value (tile 16)
+    must not poison the running sum; an all -inf row is NaN, as in torch."""
+    x = torch.randn(4, 70, device=device)
+    x[0, :40] = float("-inf")  # the first tiles all -inf
+    x[1, ::3] = float("-inf")
+    x[2, :69] = float("-inf")  # one finite value, last
+    x[3] = float("-inf")
+    x = x.to(dtype)
+    out = impl(x)
+    ref = ref64(x)
+    assert rel_err(out[:3], ref[:3]) <= 2 * TOL[dtype]
+    assert torch.all(out[:3][x[:3] == float("-inf")] == 0)
+    assert out[2, 69] == 1
+    assert torch.isnan(out[3]).all()
+    assert torch.isnan(sm.reference(x)[3]).all()  # torch agrees
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shapes_and_strides(impl, device):
+    x3 = rand((2, 3, 33), torch.float32, device)
+    assert impl(x3).shape == x3.shape
+    assert rel_err(impl(x3), ref64(x3)) <= TOL[torch.float32]
+    x1 = rand((40,), torch.float32, device)
+    assert rel_err(impl(x1), ref64(x1)) <= TOL[torch.float32]
+    # Strided rows (a column slice): read in place, output contiguous.
+    base = rand((4, 64), torch.float16, device)
+    xs = base[:, 5:50]
+    out = impl(xs)
+    assert out.is_contiguous() and rel_err(out, ref64(xs)) <= 2 * TOL[torch.float16]
+    # A width-1 column of a transposed tensor: its last dim has stride 4, harmless for one element.
+    col = rand((1, 4), torch.float32, device).t()
+    assert torch.equal(impl(col).cpu(), torch.ones(4, 1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (2, 0, 7)])
+def test_empty(impl, shape, device):
+    x = torch.empty(shape, device=device)
+    out = impl(x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+
+
+def test_plan(device):
+    assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 4, 1, 1024)
+    assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS
+    assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
+    assert sm.plan(4096, 262_144) == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1, 262_144)
+    p = sm.plan(8, 262_144)  # 8 rows on 132 SMs: split each row
+    assert p.path == sm.SPLIT and p.splits > 1 and p.chunk % p.block == 0
+    assert (p.splits - 1) * p.chunk < 262_144 <= p.splits * p.chunk
+    # Splits that would get no columns are dropped.
+    assert sm.plan(2, 100, path="split", block=16, splits=50).splits == 7
+
+
+@pytest.mark.parametrize(
+    "x, exc, words",
+    [
+        (lambda d: [1.0, 2.0], TypeError, "x must be a torch.Tensor"),
+        (lambda d: torch.ones(3, device=d, dtype=torch.int32), TypeError, "int32"),
+        (lambda d: torch.ones(3, device=d, dtype=torch.float64), TypeError, "float64"),
+        (lambda d: torch.tensor(1.0, device=d), ValueError, "at least 1 dims"),
+        (lambda d: torch.ones(4, 5, device=d).t(), ValueError, "last dim is not contiguous"),
+        (lambda d: torch.ones(3, 4, 8, device=d).transpose(0, 1), ValueError,
+         "cannot be viewed as rows"),
+    ],
+)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_inputs_raise(impl, x, exc, words, device):
+    with pytest.raises(exc, match=words):
+        impl(x(device))
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(block=100), "power of two"),
+        (dict(block=512), "block must be >= 1024"),
+        (dict(path="two_pass"), "path must be one of"),
+        (dict(num_warps=3), "num_warps must be a power of two"),
+        (dict(path="online", splits=2), "splits only applies"),
+        (dict(path="split", splits=0), "splits must be a positive int"),
+    ],
+)
+def test_bad_options_raise(kw, words, device):
+    with pytest.raises(ValueError, match=words):
+        sm.triton_fused(torch.ones(2, 1000, device=device), **kw)
+
+
+def test_bad_unfused_block_raises(device):
+    with pytest.raises(ValueError, match="power of two"):
+        sm.triton_unfused(torch.ones(2, 10, device=device), block=24)

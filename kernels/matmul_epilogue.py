@@ -578,6 +578,9 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bc = c_pow2
         # 32768 float32 accumulators per program (the 128x256 of the tutorial's 8-warp config).
         bb = _pow2(B, 16, max(16, min(128, 32768 // bc)))
+        # One program per row block: with few rows, smaller blocks so the grid covers the SMs.
+        while triton.cdiv(B, bb) < DEFAULT_SM_COUNT and bb > 16:
+            bb //= 2
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
         warps = 8 if bb * bc >= 16384 else 4
@@ -605,6 +608,20 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     return MatmulSoftmaxPlan(method, precision, bb, bc, bk, warps, stages)
 
 
+def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
+    """weight with 16-byte-aligned rows: a (K, C) weight whose row pitch is not a multiple of 16
+    bytes (C = 10, 50, 100 in half precision) cannot be read with vector loads. With many rows of x
+    to amortise it, copy it once into a zero-padded (K, C rounded up) buffer and use a view."""
+    pitch = weight.stride(0) * weight.element_size()
+    if weight.stride(1) != 1 or pitch % 16 == 0 or B < 4096:
+        return weight
+    per_row = 16 // weight.element_size()
+    padded = torch.zeros(weight.shape[0], triton.cdiv(weight.shape[1], per_row) * per_row,
+                         dtype=weight.dtype, device=weight.device)
+    padded[:, :weight.shape[1]] = weight
+    return padded[:, :weight.shape[1]]
+
+
 def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None,
                          block_k=None, input_precision=None, num_warps=None,
                          num_stages=None) -> torch.Tensor:
@@ -617,6 +634,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     _check_operands(x, weight, bias)
     B, K = x.shape
     C = weight.shape[1]
+    weight = _aligned_rows(weight, B)
     plan = matmul_softmax_plan(B, K, C, x.dtype, method=method, input_precision=input_precision,
                                block_b=block_b, block_c=block_c, block_k=block_k,
                                num_warps=num_warps, num_stages=num_stages)

@@ -339,3 +339,12 @@ def test_bad_linear_act_options_raise(device):
 def test_device_mismatch_raises():
     with pytest.raises(ValueError, match="is on"):
         kernels.matmul_softmax(torch.ones(2, 3, device="cuda"), torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("method", ["tiled", "two_pass_store"])
+def test_many_rows_unaligned_classes(method, device):
+    """B >= 4096 with C = 10: the weight's 20-byte rows are re-laid out in a padded buffer first."""
+    x, w, b = ms_inputs(4096, 16, 10, torch.float16, device)
+    kw = {"block_c": 16} if method == "two_pass_store" else {}
+    out = me.matmul_softmax_fused(x, w, b, method=method, **kw)
+    check_probs(out, x, w, b, TOL[torch.float16], stored=method == "two_pass_store")

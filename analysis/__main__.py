@@ -54,7 +54,9 @@ def main(argv=None) -> int:
     print(f"run {meta['run_id']} on {meta['gpu']}: torch {meta['torch']}, triton "
           f"{meta['triton']}, cuda {meta['cuda']}, commit {meta['git_commit']}", flush=True)
     limit_rows = machine.measure_limits(device, meta)
-    sink = schema.ParquetSink(args.out / "limits.parquet", schema.limits_schema())
+    # One folder may hold several runs (one per family, say): their limits accumulate.
+    sink = schema.ParquetSink(args.out / "limits.parquet", schema.limits_schema(),
+                              keep_existing=True)
     for row in limit_rows:
         sink.append(row)
         if row["value"] is not None:

@@ -75,3 +75,29 @@ def block_sweep(df: pd.DataFrame, x: str = "block", y: str = "gbps", size_col: s
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def sweep_lines(df: pd.DataFrame, x: str, y: str, panels: str, lines: str, *, xlabel: str,
+                ylabel: str, hline: float | None = None, panel_title=str,
+                logx: bool = True) -> plt.Figure:
+    """A parameter sweep: one panel per value of `panels`, one line per value of `lines`."""
+    values = sorted(df[panels].unique())
+    colors = {name: f"C{i}" for i, name in enumerate(sorted(df[lines].unique()))}
+    fig, axes = plt.subplots(1, len(values), figsize=(4.4 * len(values), 3.5), squeeze=False,
+                             sharey=True)
+    for ax, value in zip(axes[0], values):
+        sub = df[df[panels] == value]
+        for name, d in sub.groupby(lines, sort=True):
+            d = d.sort_values(x)
+            ax.plot(d[x], d[y], marker="o", ms=4, color=colors[name], label=f"{lines} {name}")
+        if hline is not None:
+            ax.axhline(hline, color="black", lw=1, ls=":", label="copy bandwidth")
+        if logx:
+            _log2_axis(ax)
+        ax.set_title(panel_title(value))
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel(ylabel)
+    fig.tight_layout()
+    return fig

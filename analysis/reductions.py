@@ -204,3 +204,63 @@ def layernorm_problems(grid: str = "full") -> list[Problem]:
                     variants=variants))
     return out
 
+
+
+# --- What the Reductions chapter concludes from the data ---------------------------------------------
+
+SOFTMAX_TARGET_TBPS = 2.8
+LN_TARGET_TBPS = 2.8
+
+
+def softmax_findings(df, copy_bw: float) -> dict:
+    from .report import ok_rows, targets, value_at
+
+    rows = ok_rows(df)
+    fp32 = rows[(rows["dtype"] == "float32")]
+    widths = sorted(fp32["width"].unique())
+    gbps = {w: value_at(fp32, "triton_fused", "gbps", width=w) for w in widths}
+    t = [dict(target=f"fused >= {SOFTMAX_TARGET_TBPS} TB/s", at=f"fp32, {int(fp32['rows'].iloc[0])} x {w}",
+              wanted=f">= {SOFTMAX_TARGET_TBPS:.2f}", measured=gbps[w] / 1000,
+              met=gbps[w] >= SOFTMAX_TARGET_TBPS * 1000) for w in widths]
+    one_pass = fp32[(fp32["impl"] == "triton_fused") & (fp32["variant"] == "one_pass")]["width"]
+    widest_one_pass = int(one_pass.max()) if len(one_pass) else None
+    return dict(
+        widths=widths, fused_gbps=gbps, targets=targets(t),
+        met=sum(r["met"] for r in t), total=len(t),
+        widest_one_pass=widest_one_pass,
+        two_read_cap=copy_bw * 2 / 3,
+        best=max(gbps.values()), best_width=max(gbps, key=gbps.get),
+        vs_eager={w: value_at(fp32, "torch_eager", width=w) / value_at(fp32, "triton_fused", width=w)
+                  for w in widths},
+        vs_compile={w: value_at(fp32, "torch_compile", width=w)
+                    / value_at(fp32, "triton_fused", width=w) for w in widths},
+        vs_unfused={w: value_at(fp32, "triton_unfused", width=w)
+                    / value_at(fp32, "triton_fused", width=w) for w in widths},
+    )
+
+
+def layernorm_findings(df) -> dict:
+    from .report import ok_rows, targets, value_at
+
+    rows = ok_rows(df)
+    fwd = rows[(rows["direction"] == "fwd") & (rows["dtype"] == "float16")]
+    bwd = rows[rows["direction"] == "bwd"]
+    wide = int(fwd["width"].max())
+    narrow = int(fwd["width"].min())
+    fused_wide = value_at(fwd, "triton_fused", "gbps", width=wide)
+    t = [dict(target=f"forward >= {LN_TARGET_TBPS} TB/s", at=f"fp16 4096 x {wide}",
+              wanted=f">= {LN_TARGET_TBPS:.2f}", measured=fused_wide / 1000,
+              met=fused_wide >= LN_TARGET_TBPS * 1000),
+         dict(target="forward speedup over eager", at=f"fp16 4096 x {narrow}", wanted=">= 1.00",
+              measured=value_at(fwd, "torch_eager", width=narrow)
+              / value_at(fwd, "triton_fused", width=narrow),
+              met=value_at(fwd, "torch_eager", width=narrow)
+              >= value_at(fwd, "triton_fused", width=narrow))]
+    for (dtype, width), g in bwd[bwd["width"] >= 4096].groupby(["dtype", "width"]):
+        fused = value_at(g, "triton_fused")
+        best_base = min(value_at(g, "torch_eager"), value_at(g, "torch_compile"))
+        t.append(dict(target="backward speedup over the faster baseline",
+                      at=f"{dtype} 4096 x {width}", wanted="> 1.00", measured=best_base / fused,
+                      met=best_base > fused))
+    tt = targets(t)
+    return dict(targets=tt, met=int((tt["met"] == "yes").sum()), total=len(tt))

@@ -39,21 +39,33 @@ def load_limits(results: Path) -> pd.DataFrame:
     return pd.read_parquet(Path(results) / "limits.parquet")
 
 
-def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee") -> float:
-    """One measured limit (GB/s for copy_bw, TFLOP/s for matmul_peak); NaN if not measured."""
-    hit = limits[(limits["metric"] == metric) & (limits["precision"] == precision)]["value"]
+def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee", run_id=None) -> float:
+    """One measured limit (GB/s for copy_bw, TFLOP/s for matmul_peak) of the run `run_id` (the
+    run a family's rows came from), else of the latest run; NaN if not measured."""
+    if run_id is None:
+        run_id = limits["run_id"].max()
+    hit = limits[(limits["metric"] == metric) & (limits["precision"] == precision)
+                 & (limits["run_id"] == run_id)]["value"]
     return float(hit.iloc[0]) if len(hit) and pd.notna(hit.iloc[0]) else float("nan")
 
 
+def run_of(df: pd.DataFrame) -> str:
+    """The run a family's rows come from (one family is measured in one run)."""
+    return str(df["run_id"].iloc[0])
+
+
 def provenance(results: Path, limits: pd.DataFrame) -> dict:
-    """Where the data come from, for the report's first page."""
-    row = limits.iloc[0]
+    """Where the data come from, for the report's first page: the latest run in the folder
+    (`runs` counts them; each family's chapter names its own run)."""
+    row = limits.sort_values("run_id").iloc[-1]
     return dict(
         gpu=row["gpu"], date=str(row["started_at"])[:10], started_at=row["started_at"],
         torch=row["torch"], triton=row["triton"], cuda=row["cuda"], commit=row["git_commit"],
         run_id=row["run_id"], folder=str(Path(results).resolve().relative_to(ROOT))
         if Path(results).resolve().is_relative_to(ROOT) else str(results),
         is_reference=Path(results).resolve().is_relative_to(REFERENCE.parent.resolve()),
+        runs=int(limits["run_id"].nunique()),
+        first_date=str(limits["started_at"].min())[:10],
     )
 
 
@@ -108,3 +120,20 @@ class Markdown(str):
 def md(value, fmt: str | None = None) -> Markdown:
     """Format a value for inline use in prose: `{python} md(x, '.2f')`."""
     return Markdown(format(value, fmt) if fmt else str(value))
+
+
+def targets(rows: list[dict]) -> pd.DataFrame:
+    """The target table of a chapter: one row per target with what was wanted, what this data
+    measured, and whether it holds ("**no**" in bold where it does not)."""
+    t = pd.DataFrame(rows, columns=["target", "at", "wanted", "measured", "met"])
+    t["met"] = t["met"].map(lambda ok: "yes" if ok else ("**no**" if ok is not None else "n/a"))
+    return t
+
+
+def value_at(df: pd.DataFrame, impl: str, column: str = "ms_median", **where) -> float:
+    """The one value of `column` for `impl` in the rows matching `where` (NaN if none ran)."""
+    sel = df[df["impl"] == impl]
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    sel = sel[sel["status"] == "ok"]
+    return float(sel[column].iloc[0]) if len(sel) else float("nan")

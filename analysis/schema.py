@@ -62,9 +62,13 @@ class ParquetSink:
     """Collects rows and rewrites the Parquet file after every row, atomically (tmp + rename), so a
     crash, an OOM or a kill late in a sweep leaves every row measured before it on disk."""
 
-    def __init__(self, path: Path, schema: pa.Schema):
+    def __init__(self, path: Path, schema: pa.Schema, keep_existing: bool = False):
+        """keep_existing: append to the rows already in the file (the limits of earlier runs
+        into the same folder) instead of starting it afresh."""
         self.path, self.schema, self.rows = Path(path), schema, []
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_existing and self.path.exists():
+            self.rows = pq.read_table(self.path).to_pylist()
 
     def append(self, row: dict) -> None:
         unknown = set(row) - set(self.schema.names)

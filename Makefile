@@ -28,11 +28,11 @@ OUTPUT_DIR := _output
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test bench render report clean
+.PHONY: help setup test bench seed002 render report clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 16
+	@grep -E '^[a-z0-9]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9]+):.*## /  make \1\t/' | expand -t 16
 	@echo "Variables: PYTHON=<interpreter> (reuse one, install nothing), RESULTS=<dir> (render),"
 	@echo "           BENCH_OUT=<dir>, BENCH_ARGS='--grid smoke --family elementwise' (bench)"
 
@@ -57,6 +57,10 @@ bench: setup ## run the sweeps on the GPU into results/runs/<time>/ (BENCH_OUT=d
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
 	$(RUN_PY) -m analysis --out $(BENCH_OUT) $(BENCH_ARGS)
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
+
+seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
+	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }
+	$(RUN_PY) -m analysis.seed002 --out $(BENCH_OUT)
 
 render: setup ## render the report (HTML + PDF in _output/) from RESULTS (default: the reference)
 	@test -f $(RESULTS)/limits.parquet || { echo "render: no results in $(RESULTS)"; exit 1; }

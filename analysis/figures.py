@@ -11,6 +11,10 @@ STYLE = {
     "torch_compile": dict(color="#1f77b4", marker="s", ls="-"),
     "triton_unfused": dict(color="#ff7f0e", marker="v", ls="--"),
     "triton_fused": dict(color="#d62728", marker="^", ls="-"),
+    "sdpa_flash": dict(color="#2ca02c", marker="D", ls="-"),
+    "sdpa_cudnn": dict(color="#9467bd", marker="P", ls="-"),
+    "sdpa_efficient": dict(color="#8c564b", marker="x", ls="-"),
+    "cublas": dict(color="#17becf", marker="*", ls=":"),
 }
 
 

@@ -15,6 +15,10 @@ IMPL_LABEL = {
     "torch_compile": "torch.compile",
     "triton_unfused": "Triton unfused",
     "triton_fused": "Triton fused",
+    "sdpa_flash": "SDPA flash (FA2)",
+    "sdpa_cudnn": "SDPA cuDNN",
+    "sdpa_efficient": "SDPA mem-efficient",
+    "cublas": "cuBLAS matmul alone",
 }
 
 

@@ -40,8 +40,10 @@ dx is exactly 0) got a rounding residual instead of 0.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,30 +52,31 @@ import triton.language as tl
 
 from ._common import check_contiguous, check_same, check_tensor, default_warps, empty
 
-# Longest row the forward keeps whole in registers.
+# Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
-# Longest row the backward keeps whole in registers (x, dy and the two partial sums).
-BWD_MAX_ONE_TILE = 16384
-# Tile of the looping kernels (rows longer than the above, or an explicit smaller block).
+# Longest row the backward keeps whole in registers (x, dy and two partial-sum rows); wider rows
+# take the split kernel, BWD_SPLIT_BLOCK columns a program.
+BWD_MAX_ONE_TILE = 8192
+BWD_SPLIT_BLOCK = 8192
+# Tile of the forward's looping kernel (rows over MAX_ONE_TILE, or an explicit smaller block).
 LOOP_BLOCK = 4096
 UNFUSED_BLOCK = 4096
-# The register-resident kernels take [ROWS, BLOCK] tiles of about this many elements (ROWS > 1
-# for rows shorter than that; at most MAX_TILE_ROWS rows) with ELEMS_PER_THREAD elements a thread
-# (32 bytes a thread in 16-bit dtypes: two 16-byte loads), so num_warps = tile / 512, up to 32.
-FWD_TILE = 8192
-BWD_TILE = 8192
+# Register tiles are [ROWS, BLOCK]: ROWS > 1 (at most MAX_TILE_ROWS) for rows shorter than
+# FWD_TILE (BWD_TILE) elements, so each load of a program moves enough bytes. The warps and the
+# other switches per tile are in `_fwd_plan` and `_bwd_plan`, chosen from ptxas's register counts
+# for sm_90 (no spills).
+FWD_TILE = 4096
+BWD_TILE = 4096
 MAX_TILE_ROWS = 64
-ELEMS_PER_THREAD = 16
-# The backward's register tile also holds the next tile's x and dy (the prefetch) when it has at
-# most this many elements; above it the extra registers would spill.
-BWD_PREFETCH_MAX = 8192
 # Backward groups: one program per SM, all resident at once, but at least MIN_ROWS_PER_GROUP rows
 # each, so the partial sums (2 x groups x N float32, written and read back) stay small next to x,
-# dy and dx (about 16 * groups / (6 * rows) of them in 16-bit dtypes: 9% at 4096 rows).
+# dy and dx (16 * groups / (6 * rows) of them in 16-bit dtypes: 9% at 4096 rows).
 GROUPS_PER_SM = 1
 MIN_ROWS_PER_GROUP = 8
-# SMs assumed when there is no GPU to ask (an H100 SXM).
+# SMs assumed when there is no GPU to ask (an H100 SXM); SM_COUNT, when set, overrides the
+# device's own count (the tests set it small so that programs loop over several tiles or rows).
 DEFAULT_SM_COUNT = 132
+SM_COUNT: int | None = None
 # Elements a program of the kernel that sums the partials over groups loads per step
 # (REDUCE_TILE // BLOCK_N groups of BLOCK_N columns).
 REDUCE_TILE = 4096
@@ -102,25 +105,38 @@ def _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride):
 @triton.jit
 def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_stride,
                    y_row_stride, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                   ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                   ROWS: tl.constexpr, BLOCK: tl.constexpr, WB_PER_TILE: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """Rows held in registers, ROWS at a time; a persistent grid strides over the row tiles."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     col_mask = cols < n_cols
-    # Loaded once per program, used for every tile it normalises.
-    if HAS_W:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if HAS_B:
-        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    # Loaded once per program and held, or (WB_PER_TILE, where registers are short) loaded again
+    # for each tile, from L1.
+    if not WB_PER_TILE:
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     r = tl.arange(0, ROWS)
     # int64 rows: row * stride may pass 2**31.
     step = n_prog.to(tl.int64) * ROWS
     rows = pid.to(tl.int64) * ROWS + r
-    x, first = _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride)
+    if PREFETCH:
+        x, first = _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride)
     for _ in range(pid, tl.cdiv(n_rows, ROWS), n_prog):
-        # The next tile's load goes out before this one is reduced (nothing past the last row).
-        next_x, next_first = _load_rows(x_ptr, rows + step, cols, n_rows, n_cols, x_row_stride)
+        if PREFETCH:
+            # The next tile's load goes out before this one is reduced (none past the last row).
+            next_x, next_first = _load_rows(x_ptr, rows + step, cols, n_rows, n_cols,
+                                            x_row_stride)
+        else:
+            x, first = _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride)
+        if WB_PER_TILE:
+            if HAS_W:
+                w_raw = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
+            if HAS_B:
+                b_raw = tl.load(b_ptr + cols, mask=col_mask, other=0.0)
         row_mask = rows < n_rows
         mask = row_mask[:, None] & col_mask[None, :]
         # Statistics of x - shift, shift = the row's first element: near the mean, x - shift is
@@ -133,18 +149,25 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_
         xc = tl.where(mask, xs - d[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
         y = xc * rstd[:, None]
-        if HAS_W:
-            y = y * w[None, :]
-        if HAS_B:
-            y = y + b[None, :]
+        if WB_PER_TILE:
+            if HAS_W:
+                y = y * w_raw.to(tl.float32)[None, :]
+            if HAS_B:
+                y = y + b_raw.to(tl.float32)[None, :]
+        else:
+            if HAS_W:
+                y = y * w[None, :]
+            if HAS_B:
+                y = y + b[None, :]
         tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :],
                  y.to(y_ptr.dtype.element_ty), mask=mask)
         # The backward recomputes xhat from this float32 mean (as eager PyTorch does).
         tl.store(stats_ptr + rows, shift + d, mask=row_mask)
         tl.store(stats_ptr + n_rows + rows, rstd, mask=row_mask)
         rows += step
-        x = next_x
-        first = next_first
+        if PREFETCH:
+            x = next_x
+            first = next_first
 
 
 @triton.jit
@@ -210,16 +233,16 @@ def _load_bwd_rows(x_ptr, dy_ptr, stats_ptr, rows, cols, end, n_rows, n_cols, x_
 
 @triton.jit
 def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part_ptr, n_rows,
-                   n_cols, n_groups,
-                   x_row_stride, dy_row_stride, dx_row_stride, HAS_W: tl.constexpr,
-                   DW: tl.constexpr, DB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   n_cols, n_groups, x_row_stride, dy_row_stride, dx_row_stride,
+                   HAS_W: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr, ROWS: tl.constexpr,
+                   BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
     """dx of a contiguous range of rows, ROWS at a time in registers, and the range's partial
     dweight, dbias (accumulated in registers, stored once into this program's partial rows)."""
     group = tl.program_id(0)
     # Rows [first, end): the ranges of consecutive groups differ by at most one row, none empty.
     first = group.to(tl.int64) * n_rows // n_groups
     end = (group + 1).to(tl.int64) * n_rows // n_groups
+    n_f = n_cols.to(tl.float32)
     cols = tl.arange(0, BLOCK)
     col_mask = cols < n_cols
     if HAS_W:
@@ -246,8 +269,9 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part
         g = dyf
         if HAS_W:
             g = g * w[None, :]
-        c1 = tl.sum(xhat * g, axis=1) / n_cols
-        c2 = tl.sum(g, axis=1) / n_cols
+        # Correctly rounded: a one-column row gets c2 == g exactly, hence dx == 0.
+        c1 = tl.div_rn(tl.sum(xhat * g, axis=1), n_f)
+        c2 = tl.div_rn(tl.sum(g, axis=1), n_f)
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(dx_ptr + rows[:, None] * dx_row_stride + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -261,26 +285,33 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part
             mean = nmean
             rstd = nrstd
     # This program's own row of each partial buffer: no other program writes it.
+    part_row = group.to(tl.int64) * n_cols
     if DW:
-        tl.store(dw_part_ptr + group * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        tl.store(dw_part_ptr + part_row + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     if DB:
-        tl.store(db_part_ptr + group * n_cols + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+        tl.store(db_part_ptr + part_row + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 @triton.jit
-def _ln_bwd_loop_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part_ptr,
-                        n_rows, n_cols, n_groups, x_row_stride, dy_row_stride, dx_row_stride,
-                        HAS_W: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    """Rows longer than a tile: per row, pass 1 sums g * xhat and g over BLOCK-column tiles, pass
-    2 reads the row again (from L2), writes dx and adds dy * xhat, dy into this program's partial
-    rows (read back from L2; its first row writes them without reading)."""
-    group = tl.program_id(0)
+def _ln_bwd_split_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part_ptr,
+                         n_rows, n_cols, n_groups, x_row_stride, dy_row_stride, dx_row_stride,
+                         HAS_W: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Rows longer than a register tile: program (s, group) owns column segment s (BLOCK wide)
+    of its group's rows. Per row it sums g * xhat and g over the whole row (every segment, a tile
+    at a time: the group's other programs read the same row at about the same time, so L2 serves
+    all but the first), then reads its own segment again (L1 or L2), writes dx there and adds
+    dy * xhat, dy to partial sums held in registers, stored once at the end."""
+    seg = tl.program_id(0)
+    group = tl.program_id(1)
     first = group.to(tl.int64) * n_rows // n_groups
     end = (group + 1).to(tl.int64) * n_rows // n_groups
+    n_f = n_cols.to(tl.float32)
     cols = tl.arange(0, BLOCK)
-    dw_row = dw_part_ptr + group * n_cols
-    db_row = db_part_ptr + group * n_cols
+    own = seg * BLOCK + cols
+    own_mask = own < n_cols
+    dw_acc = tl.zeros([BLOCK], tl.float32)
+    db_acc = tl.zeros([BLOCK], tl.float32)
     for row in range(first, end):
         x_row = x_ptr + row * x_row_stride
         dy_row = dy_ptr + row * dy_row_stride
@@ -291,36 +322,34 @@ def _ln_bwd_loop_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db
         for start in range(0, n_cols, BLOCK):
             offs = start + cols
             mask = offs < n_cols
-            x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_last")
-            dy = tl.load(dy_row + offs, mask=mask, other=0.0, eviction_policy="evict_last")
+            x = tl.load(x_row + offs, mask=mask, other=0.0)
+            dy = tl.load(dy_row + offs, mask=mask, other=0.0)
             xhat = tl.where(mask, (x.to(tl.float32) - mean) * rstd, 0.0)
             g = dy.to(tl.float32)
             if HAS_W:
                 g = g * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             acc_gx += g * xhat
             acc_g += g
-        c1 = tl.sum(acc_gx, axis=0) / n_cols
-        c2 = tl.sum(acc_g, axis=0) / n_cols
-        not_first = row > first
-        for start in range(0, n_cols, BLOCK):
-            offs = start + cols
-            mask = offs < n_cols
-            x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first")
-            dyf = tl.load(dy_row + offs, mask=mask, other=0.0,
-                          eviction_policy="evict_first").to(tl.float32)
-            xhat = tl.where(mask, (x.to(tl.float32) - mean) * rstd, 0.0)
-            g = dyf
-            if HAS_W:
-                g = g * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            dx = (g - (xhat * c1 + c2)) * rstd
-            tl.store(dx_ptr + row * dx_row_stride + offs, dx.to(dx_ptr.dtype.element_ty),
-                     mask=mask)
-            if DW:
-                prev = tl.load(dw_row + offs, mask=mask & not_first, other=0.0)
-                tl.store(dw_row + offs, prev + dyf * xhat, mask=mask)
-            if DB:
-                prev = tl.load(db_row + offs, mask=mask & not_first, other=0.0)
-                tl.store(db_row + offs, prev + dyf, mask=mask)
+        c1 = tl.div_rn(tl.sum(acc_gx, axis=0), n_f)
+        c2 = tl.div_rn(tl.sum(acc_g, axis=0), n_f)
+        x = tl.load(x_row + own, mask=own_mask, other=0.0)
+        dyf = tl.load(dy_row + own, mask=own_mask, other=0.0).to(tl.float32)
+        xhat = tl.where(own_mask, (x.to(tl.float32) - mean) * rstd, 0.0)
+        g = dyf
+        if HAS_W:
+            g = g * tl.load(w_ptr + own, mask=own_mask, other=0.0).to(tl.float32)
+        dx = (g - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + row * dx_row_stride + own, dx.to(dx_ptr.dtype.element_ty),
+                 mask=own_mask)
+        if DW:
+            dw_acc += dyf * xhat
+        if DB:
+            db_acc += dyf
+    part_row = group.to(tl.int64) * n_cols
+    if DW:
+        tl.store(dw_part_ptr + part_row + own, dw_acc, mask=own_mask)
+    if DB:
+        tl.store(db_part_ptr + part_row + own, db_acc, mask=own_mask)
 
 
 @triton.jit
@@ -474,32 +503,82 @@ def _check_options(block, num_warps, groups=None) -> None:
         raise ValueError(f"groups must be a positive int, got {groups}")
 
 
-def _config(n_cols, block, num_warps, max_one_tile, tile_elems):
-    """(block, rows, num_warps, one_tile) of a kernel: the whole row in registers up to
-    max_one_tile (rows of them at a time, ~tile_elems elements), else LOOP_BLOCK tiles."""
+class _FwdPlan(NamedTuple):
+    block: int
+    rows: int  # rows a tile (one_tile only)
+    num_warps: int
+    one_tile: bool  # the row in registers (else two passes over block-wide tiles)
+    wb_per_tile: bool  # weight, bias loaded for each tile instead of held (saves registers)
+    prefetch: bool  # the next tile's x in flight while this one is reduced
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_plan(n_cols: int, itemsize: int, block, num_warps) -> _FwdPlan:
+    """How the forward runs rows of n_cols elements. Registers a thread on sm_90 (ptxas, weight
+    and bias present), programs an SM fits at once, x in flight an SM (this tile and the next):
+      fp16: 1024 (4 rows, 8 warps) 80, 3, 48 KB;  4096 (8 warps) 64, 4, 64 KB;
+            8192 (16 warps) 86, 1, 32 KB;  16384 (32 warps, weight/bias per tile) 64, 1, 64 KB.
+      fp32: 1024 (4 rows, 8 warps) 71, 3, 96 KB;  4096 (8 warps) 127, 2, 64 KB;
+            8192 (16 warps) 107, 1, 64 KB;  16384 (32 warps, no prefetch) 64, 1, 64 KB.
+    No spills in any."""
     if block is None:
-        block = max(16, triton.next_power_of_2(n_cols)) if n_cols <= max_one_tile else LOOP_BLOCK
-    _check_block(block)
-    one_tile = block >= n_cols
-    rows = max(1, min(MAX_TILE_ROWS, tile_elems // block)) if one_tile else 1
+        block = max(16, triton.next_power_of_2(n_cols)) if n_cols <= MAX_ONE_TILE else LOOP_BLOCK
+    if block < n_cols:
+        return _FwdPlan(block, 1, num_warps or default_warps(block), False, False, False)
+    # Rows under 1024: half the tile, 8 elements a thread (more spill at 64 rows and up).
+    rows = max(1, min(MAX_TILE_ROWS, (FWD_TILE if block >= 1024 else FWD_TILE // 2) // block))
     if num_warps is None:
-        if one_tile:
-            num_warps = max(1, min(32, rows * block // (32 * ELEMS_PER_THREAD)))
-        else:
-            num_warps = default_warps(block)
-    _check_warps(num_warps)
-    return block, rows, num_warps, one_tile
+        num_warps = max(1, min(32, rows * block // (512 if block >= 1024 else 256)))
+    wb_per_tile = block >= 16384 or (itemsize <= 2 and 2048 <= block <= 4096)
+    prefetch = rows * block * itemsize <= 32 * 1024
+    return _FwdPlan(block, rows, num_warps, True, wb_per_tile, prefetch)
 
 
-def _sm_count(device) -> int:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+class _BwdPlan(NamedTuple):
+    block: int  # the row (one_tile) or the column segment of a split program
+    rows: int
+    num_warps: int
+    one_tile: bool
+    prefetch: bool
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_plan(n_cols: int, itemsize: int, block, num_warps) -> _BwdPlan:
+    """How the backward runs rows of n_cols elements (one program per SM). Registers a thread
+    (ptxas, sm_90, 16 warps, no spills) and x + dy in flight an SM (this tile and the next):
+      fp16: 1024 (4 rows) 103, 32 KB;  4096 (2 rows) 128, 64 KB;  8192 128, 64 KB.
+      fp32: 1024 (4 rows) 116, 64 KB;  4096 111, 64 KB;  8192 (no prefetch) 128, 64 KB.
+    Wider rows: the split kernel, segments of BWD_SPLIT_BLOCK at 32 warps, 64 registers, no
+    spills (fp16 and fp32)."""
+    if block is None:
+        block = (max(16, triton.next_power_of_2(n_cols)) if n_cols <= BWD_MAX_ONE_TILE
+                 else BWD_SPLIT_BLOCK)
+    if block < n_cols:
+        return _BwdPlan(block, 1, num_warps or max(1, min(32, block // 256)), False, False)
+    tile = 2 * BWD_TILE if itemsize <= 2 and block >= 4096 else BWD_TILE
+    rows = max(1, min(MAX_TILE_ROWS, tile // block))
+    if num_warps is None:
+        num_warps = max(1, min(16, rows * block // 256))
+    prefetch = block <= 4096 and rows * block * itemsize <= 16 * 1024
+    return _BwdPlan(block, rows, num_warps, True, prefetch)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _sm_count(device=None) -> int:
+    if SM_COUNT is not None:
+        return SM_COUNT
+    if device is not None and device.type == "cuda":
+        return _device_sm_count(device)
     return DEFAULT_SM_COUNT
 
 
 # Programs of the persistent forward kernel that fit on one SM at once, per compiled variant,
-# learnt from the registers and shared memory of its first launch (the first launch itself uses
-# one program per SM: the kernel is correct for any grid).
+# learnt from the registers and shared memory of its first launch (which runs one program per
+# SM: the kernel is correct for any grid).
 _RESIDENT: dict = {}
 
 
@@ -510,13 +589,12 @@ def _resident_programs(compiled, device, num_warps) -> int:
         props = torch.cuda.get_device_properties(device)
     except Exception:  # noqa: BLE001 - no launch metadata (the interpreter): stay at one
         return 1
-    threads = 32 * num_warps
     regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
     threads_sm = getattr(props, "max_threads_per_multi_processor", 2048)
     smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
     # Registers are allocated per warp in units of 256.
     regs_per_warp = -(-max(1, n_regs) * 32 // 256) * 256
-    fit = min(regs_sm // regs_per_warp // num_warps, threads_sm // threads, 32)
+    fit = min(regs_sm // regs_per_warp // num_warps, threads_sm // (32 * num_warps), 32)
     if smem:
         fit = min(fit, smem_sm // (smem + 1024))  # 1 KiB a block is reserved by the driver
     return max(1, fit)
@@ -524,32 +602,33 @@ def _resident_programs(compiled, device, num_warps) -> int:
 
 def bwd_groups(n_rows: int, device=None) -> int:
     """Number of programs (row groups, partial-sum rows) the backward uses for n_rows rows by
-    default: one per SM, at least MIN_ROWS_PER_GROUP rows each."""
-    sms = DEFAULT_SM_COUNT if device is None else _sm_count(device)
+    default: one per SM, at least MIN_ROWS_PER_GROUP rows each. (The split kernel, for rows over
+    BWD_MAX_ONE_TILE, runs cdiv(N, BWD_SPLIT_BLOCK) programs per group, each owning a column
+    segment of the same partial rows.)"""
+    sms = _sm_count(None if device is None else torch.device(device))
     return max(1, min(GROUPS_PER_SM * sms, triton.cdiv(n_rows, MIN_ROWS_PER_GROUP)))
 
 
 def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
-    """Run the fused forward into the (rows, cols) view y2; return (2, rows) float32 (mean, rstd)."""
-    block, tile_rows, num_warps, one_tile = _config(n_cols, block, num_warps, MAX_ONE_TILE,
-                                                    FWD_TILE)
+    """Run the fused forward into the (rows, cols) view y2; return float32 (mean, rstd) rows."""
+    plan = _fwd_plan(n_cols, rows.element_size(), block, num_warps)
     stats = empty((2, n_rows), torch.float32, rows.device)
     # A stand-in pointer where weight or bias is None (never read: HAS_W/HAS_B are constexpr).
     args = (rows, y2, rows if weight is None else weight, rows if bias is None else bias, stats,
             n_rows, n_cols, rows.stride(0), y2.stride(0), float(eps))
     has_w, has_b = weight is not None, bias is not None
-    if not one_tile:
-        _ln_fwd_loop_kernel[(n_rows,)](*args, HAS_W=has_w, HAS_B=has_b, BLOCK=block,
-                                       num_warps=num_warps)
+    if not plan.one_tile:
+        _ln_fwd_loop_kernel[(n_rows,)](*args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
+                                       num_warps=plan.num_warps)
         return stats
-    key = (rows.device, rows.dtype, has_w, has_b, tile_rows, block, num_warps)
+    key = (rows.device, rows.dtype, has_w, has_b, plan)
     per_sm = _RESIDENT.get(key)
-    n_tiles = triton.cdiv(n_rows, tile_rows)
-    grid = min(n_tiles, _sm_count(rows.device) * (per_sm or 1))
-    compiled = _ln_fwd_kernel[(grid,)](*args, HAS_W=has_w, HAS_B=has_b, ROWS=tile_rows,
-                                       BLOCK=block, num_warps=num_warps)
+    grid = min(triton.cdiv(n_rows, plan.rows), _sm_count(rows.device) * (per_sm or 1))
+    compiled = _ln_fwd_kernel[(grid,)](
+        *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows, BLOCK=plan.block,
+        WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch, num_warps=plan.num_warps)
     if per_sm is None:
-        _RESIDENT[key] = _resident_programs(compiled, rows.device, num_warps)
+        _RESIDENT[key] = _resident_programs(compiled, rows.device, plan.num_warps)
     return stats
 
 
@@ -562,8 +641,8 @@ def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
         return dx, zeros if need_dw else None, zeros.clone() if need_db else None
     dy2 = dy.contiguous().view(n_rows, n_cols)
     dx2 = dx.view(n_rows, n_cols)
-    block, tile_rows, num_warps, one_tile = _config(n_cols, block, num_warps, BWD_MAX_ONE_TILE,
-                                                    BWD_TILE)
+    plan = _bwd_plan(n_cols, rows.element_size(), block, num_warps)
+    # At most one group a row: every group has rows, so every partial row gets written.
     groups = bwd_groups(n_rows, x.device) if groups is None else min(groups, n_rows)
     # Partial sums: buffer 0 dweight, then dbias (only those needed); every (group, column) slot
     # is written by exactly one program.
@@ -573,14 +652,15 @@ def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
     args = (rows, dy2, dx2, weight if has_w else rows, stats, part[0] if need_dw else rows,
             part[-1] if need_db else rows, n_rows, n_cols, groups, rows.stride(0), dy2.stride(0),
             dx2.stride(0))
-    if one_tile:
+    # No FMA contraction (see the module docstring).
+    if plan.one_tile:
         _ln_bwd_kernel[(groups,)](
-            *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=tile_rows, BLOCK=block,
-            PREFETCH=tile_rows * block <= BWD_PREFETCH_MAX, num_warps=num_warps,
-            enable_fp_fusion=False)
+            *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=plan.rows, BLOCK=plan.block,
+            PREFETCH=plan.prefetch, num_warps=plan.num_warps, enable_fp_fusion=False)
     else:
-        _ln_bwd_loop_kernel[(groups,)](*args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=block,
-                                       num_warps=num_warps, enable_fp_fusion=False)
+        _ln_bwd_split_kernel[(triton.cdiv(n_cols, plan.block), groups)](
+            *args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=plan.block,
+            num_warps=plan.num_warps, enable_fp_fusion=False)
     if n_parts == 0:
         return dx, None, None
     dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None

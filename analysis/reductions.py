@@ -73,6 +73,12 @@ def softmax_problems(grid: str = "full") -> list[Problem]:
                 Variant("triton_fused", sm.triton_fused, block=p.block, num_warps=p.num_warps,
                         variant=p.path, bytes_impl=impl_bytes("triton_fused")),
             ]
+            if online and (rows, width) not in g["softmax_sweep"]:
+                # The co-operative path against the default at every wide row.
+                variants.append(Variant("triton_fused",
+                                        functools.partial(sm.triton_fused, path=sm.COOP),
+                                        block=p.block, num_warps=p.num_warps, sweep="block",
+                                        variant=sm.COOP, bytes_impl=impl_bytes("triton_fused")))
             if dtype == torch.float32 and (rows, width) in g["softmax_sweep"]:
                 variants += _softmax_sweep_variants(rows, width, s, g)
             variants.append(Variant("torch_compile", Compiled(sm.reference),
@@ -97,7 +103,7 @@ def _softmax_sweep_variants(rows, width, s, g):
             out.append(Variant("triton_fused", functools.partial(sm.triton_fused, num_warps=warps),
                                block=default.block, num_warps=warps, sweep="block",
                                variant=default.path))
-    for path in (sm.ONLINE, sm.SPLIT):
+    for path in (sm.ONLINE, sm.SPLIT, sm.COOP):
         for tile in g["tiles"]:
             if tile > width:
                 continue

@@ -43,8 +43,11 @@ DEFAULT_SM_COUNT = 132
 # The split path aims at this many programs per SM in all.
 SPLIT_PROGRAMS_PER_SM = 2
 
-ONE_PASS, ONLINE, SPLIT = "one_pass", "online", "split"
-PATHS = (ONE_PASS, ONLINE, SPLIT)
+ONE_PASS, ONLINE, SPLIT, COOP = "one_pass", "online", "split", "coop"
+PATHS = (ONE_PASS, ONLINE, SPLIT, COOP)
+# The coop path keeps the chunks being read by all programs at once within this many bytes, so
+# the normalising pass re-reads them from the 50 MB L2 of an H100 rather than from memory.
+COOP_L2_BUDGET = 40 * 2**20
 
 # A constexpr: the only kind of global a @triton.jit function may read.
 NEG_INF = tl.constexpr(float("-inf"))
@@ -160,6 +163,50 @@ def _softmax_split_write_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, n_cols, x_ro
     end = tl.minimum(start + chunk, n_cols)
     _write_normalised(x_ptr + row * x_row_stride, out_ptr + row * out_row_stride, start, end, m, s,
                       BLOCK)
+
+
+@triton.jit
+def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, n_cols,
+                         x_row_stride, out_row_stride, chunk, SPLITS: tl.constexpr,
+                         GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Persistent and co-operative: GROUPS x SPLITS programs, all resident at once (grid <= SMs).
+    A group walks rows; its SPLITS programs each take a chunk of the row, publish their partial
+    (max, sum), wait at a per-row counter for the others, combine, and normalise their chunk while
+    it is still in L2 (the chunks in flight fit the L2 by construction)."""
+    pid = tl.program_id(0)
+    group = pid // SPLITS
+    split = pid % SPLITS
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_cols)
+    idx = tl.arange(0, SPLITS)
+    for row in range(group, n_rows, GROUPS):
+        row64 = tl.zeros((), tl.int64) + row  # 64-bit offsets (also under the interpreter)
+        x_row = x_ptr + row64 * x_row_stride
+        m, s = _online_max_sum(x_row, start, end, BLOCK)
+        if SPLITS > 1:
+            tl.store(pmax_ptr + row64 * SPLITS + split, m)
+            tl.store(psum_ptr + row64 * SPLITS + split, s)
+            # Release our partials, then wait until every split of the row has released its own.
+            seen = tl.atomic_add(count_ptr + row64, 1, sem="acq_rel") + 1
+            while seen < SPLITS:
+                seen = tl.atomic_add(count_ptr + row64, 0, sem="acquire")
+            pm = tl.load(pmax_ptr + row64 * SPLITS + idx, volatile=True)
+            ps = tl.load(psum_ptr + row64 * SPLITS + idx, volatile=True)
+            m = tl.max(pm, axis=0)
+            s = tl.sum(ps * tl.exp(pm - m), axis=0)
+        _write_normalised(x_row, out_ptr + row64 * out_row_stride, start, end, m, s, BLOCK)
+
+
+def coop_splits(n_cols: int, itemsize: int, device=None) -> int:
+    """Programs per row for the coop path: enough that one chunk per SM fits COOP_L2_BUDGET.
+    Under the interpreter programs run one after another, so a row cannot be shared (1)."""
+    from ._common import interpreting
+
+    if interpreting():
+        return 1
+    sms = _sm_count(device)
+    need = triton.cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET)
+    return min(triton.next_power_of_2(need), 16)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,8 +329,14 @@ def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, p
         # Whole tiles per chunk; then drop splits that would get no columns.
         chunk = triton.cdiv(tiles, min(splits, tiles)) * block
         n_splits = triton.cdiv(n_cols, chunk)
+    elif path == COOP:
+        n_splits = 1 if splits is None else splits
+        if not isinstance(n_splits, int) or n_splits < 1 or n_splits & (n_splits - 1):
+            raise ValueError(f"splits must be a power of two for path='coop', got {splits}")
+        tiles = triton.cdiv(n_cols, block)
+        chunk = triton.cdiv(tiles, n_splits) * block
     elif splits is not None:
-        raise ValueError(f"splits only applies to path='split', not {path!r}")
+        raise ValueError(f"splits only applies to path='split' or 'coop', not {path!r}")
     return Plan(path, block, num_warps, n_splits, chunk)
 
 
@@ -295,6 +348,8 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     the tile of the loops. path: force "one_pass", "online" or "split". splits: programs per row
     for the split path."""
     rows, n_rows, n_cols = _as_rows("x", x)
+    if path == COOP and splits is None:
+        splits = coop_splits(n_cols, x.element_size(), x.device)
     p = plan(n_rows, n_cols, device=x.device, block=block, num_warps=num_warps, path=path,
              splits=splits)
     out = empty(x.shape, x.dtype, x.device)
@@ -307,6 +362,15 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
                                             num_warps=p.num_warps)
     elif p.path == ONLINE:
         _softmax_online_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block, num_warps=p.num_warps)
+    elif p.path == COOP:
+        # One program per SM at most, so every program is resident and the spin-wait returns.
+        groups = max(1, min(n_rows, _sm_count(x.device) // p.splits))
+        pmax = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
+        psum = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
+        count = torch.zeros((n_rows,), dtype=torch.int32, device=x.device)
+        _softmax_coop_kernel[(groups * p.splits,)](
+            rows, out2, pmax, psum, count, n_rows, *args, p.chunk, SPLITS=p.splits,
+            GROUPS=groups, BLOCK=p.block, num_warps=p.num_warps)
     else:
         # Every (row, split) slot is written by the first kernel.
         pmax = empty((n_rows, p.splits), torch.float32, x.device)

@@ -184,3 +184,21 @@ def test_bad_options_raise(kw, words, device):
 def test_bad_unfused_block_raises(device):
     with pytest.raises(ValueError, match="power of two"):
         sm.triton_unfused(torch.ones(2, 10, device=device), block=24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 3000), (200, 1000), (3, 1)])
+def test_coop_path(shape, dtype, device):
+    """The persistent, co-operative path (one split per row under the interpreter)."""
+    x = torch.randn(*shape, device=device, dtype=dtype) * 4
+    out = sm.triton_fused(x, path="coop", block=256)
+    assert rel_err(out, torch.softmax(x.double(), -1)) <= TOL[dtype]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="row sharing needs co-resident programs")
+@pytest.mark.parametrize("splits", [2, 4, 8])
+def test_coop_shared_rows(splits, device):
+    x = torch.randn(300, 70_001, device=device) * 4
+    x[7, :40_000] = float("-inf")
+    out = sm.triton_fused(x, path="coop", splits=splits)
+    assert rel_err(out, torch.softmax(x.double(), -1)) <= TOL[torch.float32]

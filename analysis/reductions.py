@@ -26,7 +26,7 @@ GRIDS = {
         # (rows, width) where the block / warps / path sweep runs (fp32)
         softmax_sweep=[(4096, 4096), (4096, 65536), (4096, 262144)],
         warps=[1, 2, 4, 8, 16, 32],
-        tiles=[1024, 2048, 4096, 8192, 16384],
+        tiles=[1024, 2048, 4096, 8192, 16384, 32768],
         layernorm={torch.float16: [(4096, w) for w in (1024, 2048, 4096, 8192, 16384)],
                    torch.float32: [(4096, 1024), (4096, 4096), (4096, 16384)],
                    torch.bfloat16: [(4096, 4096)]},
@@ -74,11 +74,12 @@ def softmax_problems(grid: str = "full") -> list[Problem]:
                         variant=p.path, bytes_impl=impl_bytes("triton_fused")),
             ]
             if online and (rows, width) not in g["softmax_sweep"]:
-                # The co-operative path against the default at every wide row.
+                # The one-row-per-program online kernel against the default at every wide row.
+                q = sm.plan(rows, width, path=sm.ONLINE)
                 variants.append(Variant("triton_fused",
-                                        functools.partial(sm.triton_fused, path=sm.COOP),
-                                        block=p.block, num_warps=p.num_warps, sweep="block",
-                                        variant=sm.COOP, bytes_impl=impl_bytes("triton_fused")))
+                                        functools.partial(sm.triton_fused, path=sm.ONLINE),
+                                        block=q.block, num_warps=q.num_warps, sweep="block",
+                                        variant=sm.ONLINE, bytes_impl=impl_bytes("triton_fused")))
             if dtype == torch.float32 and (rows, width) in g["softmax_sweep"]:
                 variants += _softmax_sweep_variants(rows, width, s, g)
             variants.append(Variant("torch_compile", Compiled(sm.reference),

@@ -138,8 +138,10 @@ def test_empty(impl, shape, device):
 def test_plan(device):
     assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 4, 1, 1024)
     assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS
-    assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
-    assert sm.plan(4096, 262_144) == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1, 262_144)
+    assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.COOP
+    assert sm.plan(4096, 262_144) == sm.Plan(sm.COOP, sm.COOP_BLOCK, 16, 1, 262_144)
+    assert sm.plan(4096, 262_144, path="online") == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1,
+                                                            262_144)
     p = sm.plan(8, 262_144)  # 8 rows on 132 SMs: split each row
     assert p.path == sm.SPLIT and p.splits > 1 and p.chunk % p.block == 0
     assert (p.splits - 1) * p.chunk < 262_144 <= p.splits * p.chunk

@@ -11,11 +11,12 @@ written), scale (xhat read, written), shift (read, written).
 
 Fused forward, one kernel: reads x once, writes y once (plus 8 bytes of mean, rstd a row).
 - Rows of up to MAX_ONE_TILE elements are held in registers, ROWS rows at a time (a [ROWS, BLOCK]
-  tile of about FWD_TILE elements, ELEMS_PER_THREAD a thread): two reductions over registers, mean
-  then the sum of squares of (x - mean), no second pass over memory. The grid is persistent (as
-  many programs as fit on the GPU at once, each looping over tiles with a stride of the grid):
-  weight and bias are loaded once per program, not once per row, and the next tile's load is issued
-  before the current tile is reduced, so every SM always has a tile's bytes in flight.
+  tile): two reductions over registers, the mean, then the sum of squares of (x - mean); no second
+  pass over memory. The grid is persistent (as many programs as fit on the GPU at once, learnt from
+  the compiled kernel's registers, each striding over the row tiles): weight and bias are loaded
+  once per program (or, where registers are short, per tile from L1) instead of once per row from
+  L2, and the next tile's load is issued before the current one is reduced, so an SM always has
+  bytes in flight.
 - Longer rows, one program a row, are read twice in tiles of LOOP_BLOCK: a first pass combines
   per-tile (mean, M2) into the row's (Chan et al.'s parallel variance: stable, unlike sum of squares
   minus square of sum), a second normalises and writes. The first pass asks L2 to keep the row.
@@ -24,19 +25,22 @@ The fused version is differentiable (`torch.autograd.Function`). Backward, per r
     xhat = (x - mean) * rstd,  g = dy * weight,
     dx = (g - xhat * mean(g * xhat) - mean(g)) * rstd,
 and dweight = sum over rows of dy * xhat, dbias = sum of dy. Those column sums are reduced in two
-stages without locks or atomics: each of `groups` programs (`bwd_groups`: one per SM) owns a
-contiguous range of rows and one row of a float32 (groups, N) partial-sum buffer for each of
-dweight and dbias; a second kernel sums the partials over groups. The first kernel reads x and dy
-once and writes dx once:
-- rows up to BWD_MAX_ONE_TILE elements are held in registers, ROWS rows at a time; the partial
-  sums accumulate in registers across the program's rows and are stored once at the end; the next
-  tile's load is issued before the current one is reduced;
-- longer rows loop over column tiles twice (sums of g * xhat and g, then dx; the second pass reads
-  the row back from L2) and add each row's dy * xhat and dy into the program's own partial rows in
-  memory (a read-modify-write that stays in L2).
-The backward kernels are compiled without FMA contraction: with it, `dy * w - c2` became one fused
-multiply-add against the rounded `dy * w` that c2 was summed from, so a one-column row (where
-dx is exactly 0) got a rounding residual instead of 0.
+stages without locks or atomics: each of `groups` row groups (`bwd_groups`: one per SM, all
+resident at once) is a contiguous range of rows that owns one row of a float32 (groups, N)
+partial-sum buffer for each of dweight and dbias; a second kernel sums the partials over groups.
+The first kernel reads x and dy from memory once and writes dx once:
+- rows up to BWD_MAX_ONE_TILE elements: one program a group holds ROWS rows at a time in
+  registers, issues the next tile's load before reducing the current one, and accumulates the
+  partial sums in registers across its rows, stored once at the end;
+- longer rows (the split kernel): cdiv(N, BWD_SPLIT_BLOCK) programs a group, each owning a column
+  segment of the group's rows (and of its partial rows). Per row each sums g * xhat and g over the
+  whole row, then reads its own segment again (from L1), writes dx there and accumulates the
+  partial sums in registers. The programs of a group are launched next to each other, so they read
+  the same rows at about the same time: L2 serves all but the first read of each row.
+The backward kernels are compiled without FMA contraction, and divide the row sums by N correctly
+rounded: with contraction, `dy * w - mean(g)` became one fused multiply-add against the rounded
+`dy * w` that mean(g) was summed from, so a one-column row (where dx is exactly 0) got a rounding
+residual instead of 0.
 """
 from __future__ import annotations
 
@@ -513,14 +517,14 @@ class _FwdPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _fwd_plan(n_cols: int, itemsize: int, block, num_warps) -> _FwdPlan:
+def _fwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _FwdPlan:
     """How the forward runs rows of n_cols elements. Registers a thread on sm_90 (ptxas, weight
     and bias present), programs an SM fits at once, x in flight an SM (this tile and the next):
       fp16: 1024 (4 rows, 8 warps) 80, 3, 48 KB;  4096 (8 warps) 64, 4, 64 KB;
             8192 (16 warps) 86, 1, 32 KB;  16384 (32 warps, weight/bias per tile) 64, 1, 64 KB.
       fp32: 1024 (4 rows, 8 warps) 71, 3, 96 KB;  4096 (8 warps) 127, 2, 64 KB;
             8192 (16 warps) 107, 1, 64 KB;  16384 (32 warps, no prefetch) 64, 1, 64 KB.
-    No spills in any."""
+    No spills in any (for N a multiple of 16)."""
     if block is None:
         block = max(16, triton.next_power_of_2(n_cols)) if n_cols <= MAX_ONE_TILE else LOOP_BLOCK
     if block < n_cols:
@@ -531,6 +535,10 @@ def _fwd_plan(n_cols: int, itemsize: int, block, num_warps) -> _FwdPlan:
         num_warps = max(1, min(32, rows * block // (512 if block >= 1024 else 256)))
     wb_per_tile = block >= 16384 or (itemsize <= 2 and 2048 <= block <= 4096)
     prefetch = rows * block * itemsize <= 32 * 1024
+    if n_cols % 16 and block >= 16384:
+        # Rows not a multiple of 16 elements cannot be loaded 16 bytes at a time: an address a
+        # value costs registers (at 16384, 72 bytes of spills with the prefetch).
+        prefetch = False
     return _FwdPlan(block, rows, num_warps, True, wb_per_tile, prefetch)
 
 
@@ -543,19 +551,26 @@ class _BwdPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _bwd_plan(n_cols: int, itemsize: int, block, num_warps) -> _BwdPlan:
+def _bwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _BwdPlan:
     """How the backward runs rows of n_cols elements (one program per SM). Registers a thread
-    (ptxas, sm_90, 16 warps, no spills) and x + dy in flight an SM (this tile and the next):
-      fp16: 1024 (4 rows) 103, 32 KB;  4096 (2 rows) 128, 64 KB;  8192 128, 64 KB.
-      fp32: 1024 (4 rows) 116, 64 KB;  4096 111, 64 KB;  8192 (no prefetch) 128, 64 KB.
-    Wider rows: the split kernel, segments of BWD_SPLIT_BLOCK at 32 warps, 64 registers, no
-    spills (fp16 and fp32)."""
+    (ptxas, sm_90, 16 warps, no FMA contraction) and x + dy in flight an SM (this tile and the
+    next, or this tile alone without the prefetch):
+      fp16: 1024 (4 rows) 109, 32 KB;  4096 (2 rows) 128, 64 KB;  8192 (no prefetch) 128, 32 KB.
+      fp32: 1024 (4 rows) 119, 64 KB;  4096 116, 64 KB;  8192 (no prefetch) 123, 64 KB.
+    Wider rows: the split kernel, segments of BWD_SPLIT_BLOCK at 32 warps, 64 registers. No
+    spills in any (for N a multiple of 16)."""
     if block is None:
         block = (max(16, triton.next_power_of_2(n_cols)) if n_cols <= BWD_MAX_ONE_TILE
                  else BWD_SPLIT_BLOCK)
     if block < n_cols:
         return _BwdPlan(block, 1, num_warps or max(1, min(32, block // 256)), False, False)
     tile = 2 * BWD_TILE if itemsize <= 2 and block >= 4096 else BWD_TILE
+    if n_cols % 16:
+        # Unvectorised loads (see _fwd_plan): half the tile, and 32 warps at 8192, to keep the
+        # spills away (8192 still spills 128 bytes a thread).
+        tile = BWD_TILE // 2
+        if num_warps is None and block >= 8192:
+            num_warps = 32
     rows = max(1, min(MAX_TILE_ROWS, tile // block))
     if num_warps is None:
         num_warps = max(1, min(16, rows * block // 256))
@@ -584,14 +599,20 @@ _RESIDENT: dict = {}
 
 def _resident_programs(compiled, device, num_warps) -> int:
     try:
-        n_regs = compiled.n_regs
-        smem = compiled.metadata.shared
+        n_regs, smem = compiled.n_regs, compiled.metadata.shared
         props = torch.cuda.get_device_properties(device)
     except Exception:  # noqa: BLE001 - no launch metadata (the interpreter): stay at one
         return 1
-    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
-    threads_sm = getattr(props, "max_threads_per_multi_processor", 2048)
-    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    return _programs_per_sm(n_regs, smem, num_warps,
+                            getattr(props, "regs_per_multiprocessor", 65536),
+                            getattr(props, "max_threads_per_multi_processor", 2048),
+                            getattr(props, "shared_memory_per_multiprocessor", 228 * 1024))
+
+
+def _programs_per_sm(n_regs, smem, num_warps, regs_sm=65536, threads_sm=2048,
+                     smem_sm=228 * 1024) -> int:
+    """Blocks of num_warps warps, n_regs registers a thread and smem bytes of shared memory that
+    an SM holds at once (an H100's limits by default; at least 1)."""
     # Registers are allocated per warp in units of 256.
     regs_per_warp = -(-max(1, n_regs) * 32 // 256) * 256
     fit = min(regs_sm // regs_per_warp // num_warps, threads_sm // (32 * num_warps), 32)
@@ -621,7 +642,11 @@ def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
         _ln_fwd_loop_kernel[(n_rows,)](*args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
                                        num_warps=plan.num_warps)
         return stats
-    key = (rows.device, rows.dtype, has_w, has_b, plan)
+    # Per compiled variant: Triton specialises on each integer's and pointer's divisibility by 16
+    # (which changes the registers: unaligned rows load an element at a time).
+    key = (rows.device, rows.dtype, has_w, has_b, plan,
+           tuple(a % 16 == 0 for a in args[5:9]),
+           tuple(t.data_ptr() % 16 == 0 for t in args[:4]))
     per_sm = _RESIDENT.get(key)
     grid = min(triton.cdiv(n_rows, plan.rows), _sm_count(rows.device) * (per_sm or 1))
     compiled = _ln_fwd_kernel[(grid,)](

@@ -229,10 +229,18 @@ def softmax_findings(df, copy_bw: float) -> dict:
     t = [dict(target=f"fused >= {SOFTMAX_TARGET_TBPS} TB/s", at=f"fp32, {int(fp32['rows'].iloc[0])} x {w}",
               wanted=f">= {SOFTMAX_TARGET_TBPS:.2f}", measured=gbps[w] / 1000,
               met=gbps[w] >= SOFTMAX_TARGET_TBPS * 1000) for w in widths]
+    # The one-row-per-program online kernel at its default tile, where it was measured beside
+    # the default (co-operative) path.
+    sweep = df[(df["status"] == "ok") & (df["sweep"] == "block") & (df["dtype"] == "float32")
+               & (df["variant"] == sm.ONLINE) & (df["block"] == sm.ONLINE_BLOCK)
+               & (df["num_warps"] == 16)]
+    online = {int(w): float(g["gbps"].iloc[0]) for w, g in sweep.groupby("width")}
     one_pass = fp32[(fp32["impl"] == "triton_fused") & (fp32["variant"] == "one_pass")]["width"]
     widest_one_pass = int(one_pass.max()) if len(one_pass) else None
     return dict(
-        widths=widths, fused_gbps=gbps, targets=targets(t),
+        widths=widths, fused_gbps=gbps, targets=targets(t), online_gbps=online,
+        default_wide=str(fp32[(fp32["impl"] == "triton_fused")
+                              & (fp32["width"] == max(widths))]["variant"].iloc[0]),
         met=sum(r["met"] for r in t), total=len(t),
         widest_one_pass=widest_one_pass,
         two_read_cap=copy_bw * 2 / 3,

@@ -24,6 +24,7 @@ An all -inf row gives NaN, as torch.softmax does (there is no max to subtract); 
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -291,8 +292,14 @@ def _check_warps(num_warps) -> None:
 
 def _sm_count(device) -> int:
     if device is not None and torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _device_sm_count(torch.device(device))
     return DEFAULT_SM_COUNT
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sm_count(device: torch.device) -> int:
+    # Cached: this is on every call's host path, which small launches cannot hide.
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, path=None,
@@ -353,7 +360,9 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     the tile of the loops. path: force "one_pass", "online" or "split". splits: programs per row
     for the split path."""
     rows, n_rows, n_cols = _as_rows("x", x)
-    chosen = path or plan(n_rows, n_cols, device=x.device).path
+    chosen = path
+    if chosen is None and n_cols > MAX_ONE_PASS:  # one plan() on the common path
+        chosen = plan(n_rows, n_cols, device=x.device).path
     if chosen == COOP and splits is None:
         splits = coop_splits(n_cols, x.element_size(), x.device)
     p = plan(n_rows, n_cols, device=x.device, block=block, num_warps=num_warps, path=chosen,

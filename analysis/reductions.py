@@ -208,7 +208,7 @@ def layernorm_problems(grid: str = "full") -> list[Problem]:
                                                                          "triton_fused", direction)),
                     flops_model=traffic.layer_norm_flops(rows, width, direction),
                     tolerance=TOLERANCE[dtype] * (4 if direction == "bwd" else 1),
-                    variants=variants))
+                    variants=variants, graph=direction == "fwd"))
     return out
 
 

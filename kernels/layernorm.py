@@ -54,7 +54,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_contiguous, check_same, check_tensor, default_warps, empty
+from ._common import (FLOAT_DTYPES, check_contiguous, check_same, check_tensor, default_warps,
+                      empty)
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -101,7 +102,9 @@ def _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride):
     row_mask = rows < n_rows
     row_ptrs = x_ptr + rows * x_row_stride
     mask = row_mask[:, None] & (cols < n_cols)[None, :]
-    x = tl.load(row_ptrs[:, None] + cols[None, :], mask=mask, other=0.0)
+    # Streamed: evict_first keeps weight and bias (read for every tile) in L1.
+    x = tl.load(row_ptrs[:, None] + cols[None, :], mask=mask, other=0.0,
+                eviction_policy="evict_first")
     first = tl.load(row_ptrs, mask=row_mask, other=0.0)
     return x, first
 
@@ -138,9 +141,11 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_
             x, first = _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride)
         if WB_PER_TILE:
             if HAS_W:
-                w_raw = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
+                w_raw = tl.load(w_ptr + cols, mask=col_mask, other=0.0,
+                                eviction_policy="evict_last")
             if HAS_B:
-                b_raw = tl.load(b_ptr + cols, mask=col_mask, other=0.0)
+                b_raw = tl.load(b_ptr + cols, mask=col_mask, other=0.0,
+                                eviction_policy="evict_last")
         row_mask = rows < n_rows
         mask = row_mask[:, None] & col_mask[None, :]
         # Statistics of x - shift, shift = the row's first element: near the mean, x - shift is
@@ -228,8 +233,10 @@ def _load_bwd_rows(x_ptr, dy_ptr, stats_ptr, rows, cols, end, n_rows, n_cols, x_
     """x and dy tiles (zeros outside), mean and rstd of rows [.., end): what a row tile needs."""
     row_mask = rows < end
     mask = row_mask[:, None] & (cols < n_cols)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0)
-    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0,
+                eviction_policy="evict_first")
+    dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0,
+                 eviction_policy="evict_first")
     mean = tl.load(stats_ptr + rows, mask=row_mask, other=0.0)
     rstd = tl.load(stats_ptr + n_rows + rows, mask=row_mask, other=0.0)
     return x, dy, mean, rstd
@@ -302,11 +309,13 @@ def _ln_bwd_split_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, d
                          HAS_W: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
                          BLOCK: tl.constexpr):
     """Rows longer than a register tile: program (s, group) owns column segment s (BLOCK wide)
-    of its group's rows. Per row it sums g * xhat and g over the whole row (every segment, a tile
-    at a time: the group's other programs read the same row at about the same time, so L2 serves
-    all but the first), then reads its own segment again (L1 or L2), writes dx there and adds
-    dy * xhat, dy to partial sums held in registers, stored once at the end."""
+    of its group's rows (grid: cdiv(N, BLOCK) segments x groups). Per row it sums g * xhat and g
+    over the whole row (every segment, a tile at a time: the group's other programs read the same
+    row at about the same time, so L2 serves all but the first read), then reads its own segment
+    again (from L1), writes dx there and adds dy * xhat, dy to partial sums held in registers,
+    stored once at the end."""
     seg = tl.program_id(0)
+    n_seg = tl.num_programs(0)
     group = tl.program_id(1)
     first = group.to(tl.int64) * n_rows // n_groups
     end = (group + 1).to(tl.int64) * n_rows // n_groups
@@ -323,8 +332,11 @@ def _ln_bwd_split_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, d
         rstd = tl.load(stats_ptr + n_rows + row)
         acc_gx = tl.zeros([BLOCK], tl.float32)
         acc_g = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            offs = start + cols
+        # Segments in the order seg + 1, seg + 2, ..., seg (own last): the group's programs start
+        # on different segments (one fetches from DRAM what the others then find in L2), and the
+        # own segment, read last, is still in L1 when it is read again below.
+        for i in range(1, n_seg + 1):
+            offs = ((seg + i) % n_seg) * BLOCK + cols
             mask = offs < n_cols
             x = tl.load(x_row + offs, mask=mask, other=0.0)
             dy = tl.load(dy_row + offs, mask=mask, other=0.0)
@@ -448,12 +460,14 @@ def _shift_kernel(t_ptr, b_ptr, out_ptr, n, n_cols, BLOCK: tl.constexpr):
 # Host side.
 
 
-def _as_rows(name: str, x) -> tuple[torch.Tensor | None, int, int]:
-    """Check x and view it as (rows, cols) without a copy; None for the view when x is empty.
+def _as_rows(name: str, x, checked: bool = False) -> tuple[torch.Tensor | None, int, int]:
+    """Check x (unless `checked`) and view it as (rows, cols) without a copy; None for the view
+    when x is empty.
 
     Rows may be strided (e.g. a slice x[:, :k]) as long as the last dim is contiguous and the
     leading dims merge into one row stride."""
-    check_tensor(name, x, min_ndim=1)
+    if not checked:
+        check_tensor(name, x, min_ndim=1)
     n_cols = x.shape[-1]
     n_rows = math.prod(x.shape[:-1])
     if x.numel() == 0:
@@ -469,10 +483,25 @@ def _as_rows(name: str, x) -> tuple[torch.Tensor | None, int, int]:
     return rows, n_rows, n_cols
 
 
+def _plainly_valid(x, weight, bias) -> bool:
+    """The common case, checked cheaply (this runs on every call's host path): CUDA tensors of
+    one float dtype and device, weight and bias contiguous (N,). Anything else goes through the
+    full checks, which name the problem."""
+    if not (isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in FLOAT_DTYPES and x.dim()):
+        return False
+    for p in (weight, bias):
+        if p is not None and not (isinstance(p, torch.Tensor) and p.dtype == x.dtype
+                                  and p.dim() == 1 and p.shape[0] == x.shape[-1]
+                                  and p.is_contiguous() and p.device == x.device):
+            return False
+    return True
+
+
 def _check_inputs(x, weight, bias, eps):
-    rows, n_rows, n_cols = _as_rows("x", x)
+    plain = _plainly_valid(x, weight, bias)
+    rows, n_rows, n_cols = _as_rows("x", x, checked=plain)
     for name, p in (("weight", weight), ("bias", bias)):
-        if p is None:
+        if p is None or plain:
             continue
         check_tensor(name, p, ndim=1)
         check_same([("x", x), (name, p)])
@@ -578,6 +607,10 @@ def _bwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _BwdPla
     return _BwdPlan(block, rows, num_warps, True, prefetch)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jit function: slow to call on the host
+
+
 @functools.lru_cache(maxsize=None)
 def _device_sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -627,7 +660,7 @@ def bwd_groups(n_rows: int, device=None) -> int:
     BWD_MAX_ONE_TILE, runs cdiv(N, BWD_SPLIT_BLOCK) programs per group, each owning a column
     segment of the same partial rows.)"""
     sms = _sm_count(None if device is None else torch.device(device))
-    return max(1, min(GROUPS_PER_SM * sms, triton.cdiv(n_rows, MIN_ROWS_PER_GROUP)))
+    return max(1, min(GROUPS_PER_SM * sms, _cdiv(n_rows, MIN_ROWS_PER_GROUP)))
 
 
 def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
@@ -644,11 +677,10 @@ def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
         return stats
     # Per compiled variant: Triton specialises on each integer's and pointer's divisibility by 16
     # (which changes the registers: unaligned rows load an element at a time).
-    key = (rows.device, rows.dtype, has_w, has_b, plan,
-           tuple(a % 16 == 0 for a in args[5:9]),
-           tuple(t.data_ptr() % 16 == 0 for t in args[:4]))
+    key = (rows.device, rows.dtype, has_w, has_b, plan, n_rows % 16 == 0, n_cols % 16 == 0,
+           rows.stride(0) % 16 == 0, y2.stride(0) % 16 == 0)
     per_sm = _RESIDENT.get(key)
-    grid = min(triton.cdiv(n_rows, plan.rows), _sm_count(rows.device) * (per_sm or 1))
+    grid = min(_cdiv(n_rows, plan.rows), _sm_count(rows.device) * (per_sm or 1))
     compiled = _ln_fwd_kernel[(grid,)](
         *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows, BLOCK=plan.block,
         WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch, num_warps=plan.num_warps)
@@ -659,7 +691,10 @@ def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
 
 def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
     """(dx, dweight or None, dbias or None) of the fused LayerNorm."""
-    rows, n_rows, n_cols = _as_rows("x", x)
+    # x was checked by the forward (this is the host path of every backward call: kept short).
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else math.prod(x.shape[:-1])
+    rows = x.view(n_rows, n_cols) if x.numel() else None
     dx = empty(x.shape, x.dtype, x.device)
     if rows is None:  # no rows: dx is empty, the column sums are zeros
         zeros = torch.zeros(n_cols, dtype=x.dtype, device=x.device)
@@ -683,7 +718,7 @@ def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
             *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=plan.rows, BLOCK=plan.block,
             PREFETCH=plan.prefetch, num_warps=plan.num_warps, enable_fp_fusion=False)
     else:
-        _ln_bwd_split_kernel[(triton.cdiv(n_cols, plan.block), groups)](
+        _ln_bwd_split_kernel[(_cdiv(n_cols, plan.block), groups)](
             *args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=plan.block,
             num_warps=plan.num_warps, enable_fp_fusion=False)
     if n_parts == 0:
@@ -691,23 +726,27 @@ def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
     dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
     db = empty((n_cols,), x.dtype, x.device) if need_db else None
     block_n = min(128, max(32, triton.next_power_of_2(n_cols) // 128))
-    _sum_groups_kernel[(triton.cdiv(n_cols, block_n), n_parts)](
+    _sum_groups_kernel[(_cdiv(n_cols, block_n), n_parts)](
         part, rows if dw is None else dw, rows if db is None else db, groups, n_cols, DW=need_dw,
         DB=need_db, BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
     return dx, dw, db
 
 
+def _fused_forward(x, weight, bias, eps, block, num_warps, groups):
+    """(y, per-row float32 mean and rstd) after checking every input and option."""
+    rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
+    _check_options(block, num_warps, groups)
+    y = empty(x.shape, x.dtype, x.device)
+    if rows is None:
+        return y, torch.empty((2, 0), dtype=torch.float32, device=x.device)
+    return y, _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps,
+                       y.view(n_rows, n_cols))
+
+
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, block, num_warps, groups):
-        rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
-        _check_options(block, num_warps, groups)
-        y = empty(x.shape, x.dtype, x.device)
-        if rows is None:
-            stats = torch.empty((2, 0), dtype=torch.float32, device=x.device)
-        else:
-            stats = _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps,
-                             y.view(n_rows, n_cols))
+        y, stats = _fused_forward(x, weight, bias, eps, block, num_warps, groups)
         ctx.save_for_backward(x, weight, stats)
         ctx.has_bias = bias is not None
         ctx.options = (block, num_warps, groups)
@@ -731,7 +770,11 @@ def triton_fused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, 
     MAX_ONE_TILE forward, BWD_MAX_ONE_TILE backward), a smaller one loops. num_warps: of the
     forward and backward's first kernel. groups: programs of the backward (default `bwd_groups`;
     at most one per row)."""
-    return _LayerNorm.apply(x, weight, bias, eps, block, num_warps, groups)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (x, weight, bias)):
+        return _LayerNorm.apply(x, weight, bias, eps, block, num_warps, groups)
+    # Nothing to differentiate: skip the autograd.Function's bookkeeping (host time).
+    return _fused_forward(x, weight, bias, eps, block, num_warps, groups)[0]
 
 
 def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, block=None,
@@ -751,13 +794,13 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
     _row_var_kernel[(n_rows,)](rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
                                num_warps=num_warps)
     t = empty(x.shape, x.dtype, x.device)
-    _normalise_kernel[(n_rows, triton.cdiv(n_cols, block))](
+    _normalise_kernel[(n_rows, _cdiv(n_cols, block))](
         rows, mean, var, t, n_cols, rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
     n = x.numel()
     for kernel, p in ((_scale_kernel, weight), (_shift_kernel, bias)):
         if p is not None:
             out = empty(x.shape, x.dtype, x.device)
-            kernel[(triton.cdiv(n, block),)](t, p, out, n, n_cols, BLOCK=block,
+            kernel[(_cdiv(n, block),)](t, p, out, n, n_cols, BLOCK=block,
                                              num_warps=num_warps)
             t = out
     return t

@@ -102,12 +102,12 @@ def test_backward_matches_float64(dtype, n, device):
 
 @pytest.mark.parametrize(
     "affine, n, dtype",
-    [(a, 50, torch.float32) for a in AFFINE]
+    [(a, 50 if a == "weight+bias" else 40, torch.float32) for a in AFFINE]
     + [("weight+bias", 17, torch.float16), ("weight+bias", 17, torch.bfloat16),
-       ("bias", 50, torch.bfloat16)],
+       ("bias", 40, torch.bfloat16)],
 )
 def test_backward_looping(affine, n, dtype, device):
-    """block=16 forces the wide-row backward (the split kernel: 2 or 4 programs a group, each
+    """block=16 forces the wide-row backward (the split kernel: 2 to 4 programs a group, each
     owning 16 columns) on short rows."""
     x, w, b = make((21, n), dtype, device, affine)
     dy = torch.randn(21, n, device=device).to(dtype)
@@ -160,8 +160,8 @@ def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
 @pytest.mark.parametrize("block", [None, 16])
 def test_backward_groups(groups, block, device):
     """Any number of groups, more than rows included, sums the same dweight and dbias."""
-    x, w, b = make((21, 50), torch.float32, device)
-    dy = torch.randn(21, 50, device=device)
+    x, w, b = make((21, 40), torch.float32, device)
+    dy = torch.randn(21, 40, device=device)
     fused = lambda x, w, b: ln.triton_fused(x, w, b, block=block, groups=groups)  # noqa: E731
     assert_close_grads(grads(fused, x, w, b, dy), grads(ln.reference, x, w, b, dy, torch.float64),
                        torch.float32)

@@ -12,6 +12,7 @@ import math
 
 import torch
 import triton
+import triton.language as tl
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -82,6 +83,21 @@ def check_same(names_tensors, *, dtype=True) -> None:
             )
 
 
+def upcast_bf16(dtype: torch.dtype) -> bool:
+    """Triton 3.6's interpreter multiplies bfloat16 tiles as their raw uint16 bits (numpy has no
+    bfloat16), so under it bfloat16 dots take float32 operands; exact, as bf16 products fit fp32."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+@triton.jit
+def dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot, with the interpreter's bfloat16 workaround (see upcast_bf16) compiled in or out."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
 def default_warps(block: int) -> int:
     """One warp per 256 elements of a 1-D block, between 1 and 16."""
     return max(1, min(16, block // 256))
@@ -93,8 +109,10 @@ __all__ = [
     "check_same",
     "check_tensor",
     "default_warps",
+    "dot",
     "empty",
     "interpreting",
     "poisoned_outputs",
     "triton",
+    "upcast_bf16",
 ]

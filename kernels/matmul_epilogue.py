@@ -51,7 +51,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_same, check_tensor, default_warps, empty, interpreting
+from ._common import check_same, check_tensor, default_warps, empty
+from ._common import dot as _dot
+from ._common import upcast_bf16 as _upcast_bf16
 
 PRECISIONS = ("ieee", "tf32")
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
@@ -109,18 +111,6 @@ def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
 # Shared device pieces
 
 
-def _upcast_bf16(dtype: torch.dtype) -> bool:
-    """Triton 3.6's interpreter multiplies bfloat16 tiles as their raw uint16 bits (numpy has no
-    bfloat16), so under it bfloat16 dots take float32 operands; exact, as bf16 products fit fp32."""
-    return dtype == torch.bfloat16 and interpreting()
-
-
-@triton.jit
-def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
 
 @triton.jit

@@ -18,23 +18,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_same, check_tensor, empty, interpreting
+from ._common import check_same, check_tensor, empty
+from ._common import dot as _dot
+from ._common import upcast_bf16 as _upcast_bf16
 
 PRECISIONS = ("ieee", "tf32")
 
 
-def _upcast_bf16(dtype: torch.dtype) -> bool:
-    """Triton 3.6's interpreter multiplies bfloat16 tiles as their raw uint16 bits (numpy has no
-    bfloat16), so under it bfloat16 dots take float32 operands; exact, as bf16 products fit fp32."""
-    return dtype == torch.bfloat16 and interpreting()
-
-
-@triton.jit
-def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
 
 def reference(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -37,10 +37,11 @@ def _name(dtype):
     return str(dtype).replace("torch.", "")
 
 
-def _ms_inputs(B, K, C, dtype, device):
-    x = torch.randn(B, K, device=device, dtype=dtype)
-    w = torch.randn(K, C, device=device, dtype=dtype) * K**-0.5
-    b = 0.1 * torch.randn(C, device=device, dtype=dtype)
+def _inputs(M, K, N, dtype, device):
+    """x (M, K), weight (K, N) scaled so x @ weight is of order one, bias (N,)."""
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = torch.randn(K, N, device=device, dtype=dtype) * K**-0.5
+    b = 0.1 * torch.randn(N, device=device, dtype=dtype)
     return x, w, b
 
 
@@ -91,17 +92,10 @@ def _ms_problem(B, K, C, dtype, s, precision):
                             bytes_impl=nbytes("torch_compile")))
     return Problem(
         family="matmul_softmax", op="matmul_softmax", dtype=dtype, precision=precision,
-        shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_ms_inputs, B, K, C, dtype),
+        shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_inputs, B, K, C, dtype),
         reference=me.matmul_softmax_reference, bytes_model=nbytes("triton_fused"),
         flops_model=traffic.matmul_softmax_flops(B, K, C), tolerance=TOLERANCE[precision],
         variants=variants, graph=True)
-
-
-def _la_inputs(M, K, N, dtype, device):
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    w = torch.randn(K, N, device=device, dtype=dtype) * K**-0.5
-    b = 0.1 * torch.randn(N, device=device, dtype=dtype)
-    return x, w, b
 
 
 def _plain_matmul(x, w, b):
@@ -134,7 +128,7 @@ def linear_act_problems(grid: str = "full") -> list[Problem]:
         out.append(Problem(
             family="linear_act", op=f"linear_{act}", dtype=dtype, precision=precision,
             shape=dict(m=M, k=K, n=N, activation=act),
-            make_inputs=functools.partial(_la_inputs, M, K, N, dtype), reference=ref,
+            make_inputs=functools.partial(_inputs, M, K, N, dtype), reference=ref,
             bytes_model=nbytes("triton_fused"), flops_model=2 * M * N * K,
             tolerance=TOLERANCE[precision], variants=variants))
     return out

@@ -253,7 +253,9 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part
     # Rows [first, end): the ranges of consecutive groups differ by at most one row, none empty.
     first = group.to(tl.int64) * n_rows // n_groups
     end = (group + 1).to(tl.int64) * n_rows // n_groups
-    n_f = n_cols.to(tl.float32)
+    # tl.cast, not n_cols.to: Triton specialises an int argument equal to 1 into a constexpr (a
+    # Python int, which has no .to), so one-column rows would not compile.
+    n_f = tl.cast(n_cols, tl.float32)
     cols = tl.arange(0, BLOCK)
     col_mask = cols < n_cols
     if HAS_W:
@@ -319,7 +321,9 @@ def _ln_bwd_split_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, d
     group = tl.program_id(1)
     first = group.to(tl.int64) * n_rows // n_groups
     end = (group + 1).to(tl.int64) * n_rows // n_groups
-    n_f = n_cols.to(tl.float32)
+    # tl.cast, not n_cols.to: Triton specialises an int argument equal to 1 into a constexpr (a
+    # Python int, which has no .to), so one-column rows would not compile.
+    n_f = tl.cast(n_cols, tl.float32)
     cols = tl.arange(0, BLOCK)
     own = seg * BLOCK + cols
     own_mask = own < n_cols

@@ -98,6 +98,29 @@ def dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
 
+def as_rows(name: str, x, checked: bool = False) -> tuple[torch.Tensor | None, int, int]:
+    """Check x (unless `checked`) and view it as (rows, cols) without a copy; None for the view
+    when x is empty.
+
+    Rows may be strided (e.g. a slice x[:, :k]) as long as the last dim is contiguous and the
+    leading dims merge into one row stride."""
+    if not checked:
+        check_tensor(name, x, min_ndim=1)
+    n_cols = x.shape[-1]
+    n_rows = math.prod(x.shape[:-1])
+    if x.numel() == 0:
+        return None, n_rows, n_cols
+    if n_cols > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(x.stride())}); "
+                         "call .contiguous() first")
+    try:
+        rows = x.view(n_rows, n_cols)
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(x.shape)} and strides {tuple(x.stride())} cannot "
+                         "be viewed as rows without a copy; call .contiguous() first") from None
+    return rows, n_rows, n_cols
+
+
 def default_warps(block: int) -> int:
     """One warp per 256 elements of a 1-D block, between 1 and 16."""
     return max(1, min(16, block // 256))
@@ -105,6 +128,7 @@ def default_warps(block: int) -> int:
 
 __all__ = [
     "FLOAT_DTYPES",
+    "as_rows",
     "check_contiguous",
     "check_same",
     "check_tensor",

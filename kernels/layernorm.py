@@ -54,8 +54,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import (FLOAT_DTYPES, check_contiguous, check_same, check_tensor, default_warps,
-                      empty)
+from ._common import (FLOAT_DTYPES, as_rows, check_contiguous, check_same, check_tensor,
+                      default_warps, empty)
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -464,29 +464,6 @@ def _shift_kernel(t_ptr, b_ptr, out_ptr, n, n_cols, BLOCK: tl.constexpr):
 # Host side.
 
 
-def _as_rows(name: str, x, checked: bool = False) -> tuple[torch.Tensor | None, int, int]:
-    """Check x (unless `checked`) and view it as (rows, cols) without a copy; None for the view
-    when x is empty.
-
-    Rows may be strided (e.g. a slice x[:, :k]) as long as the last dim is contiguous and the
-    leading dims merge into one row stride."""
-    if not checked:
-        check_tensor(name, x, min_ndim=1)
-    n_cols = x.shape[-1]
-    n_rows = math.prod(x.shape[:-1])
-    if x.numel() == 0:
-        return None, n_rows, n_cols
-    if n_cols > 1 and x.stride(-1) != 1:
-        raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(x.stride())}); "
-                         "call .contiguous() first")
-    try:
-        rows = x.view(n_rows, n_cols)
-    except RuntimeError:
-        raise ValueError(f"{name} of shape {tuple(x.shape)} and strides {tuple(x.stride())} cannot "
-                         "be viewed as rows without a copy; call .contiguous() first") from None
-    return rows, n_rows, n_cols
-
-
 def _plainly_valid(x, weight, bias) -> bool:
     """The common case, checked cheaply (this runs on every call's host path): CUDA tensors of
     one float dtype and device, weight and bias contiguous (N,). Anything else goes through the
@@ -503,7 +480,7 @@ def _plainly_valid(x, weight, bias) -> bool:
 
 def _check_inputs(x, weight, bias, eps):
     plain = _plainly_valid(x, weight, bias)
-    rows, n_rows, n_cols = _as_rows("x", x, checked=plain)
+    rows, n_rows, n_cols = as_rows("x", x, checked=plain)
     for name, p in (("weight", weight), ("bias", bias)):
         if p is None or plain:
             continue

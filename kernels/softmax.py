@@ -25,14 +25,13 @@ An all -inf row gives NaN, as torch.softmax does (there is no max to subtract); 
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import check_tensor, default_warps, empty
+from ._common import as_rows, default_warps, empty
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
@@ -259,27 +258,6 @@ def _normalise_kernel(x_ptr, max_ptr, sum_ptr, out_ptr, n_cols, x_row_stride, ou
 # Host side.
 
 
-def _as_rows(name: str, x) -> tuple[torch.Tensor | None, int, int]:
-    """Check x and view it as (rows, cols) without a copy; None for the view when x is empty.
-
-    Rows may be strided (e.g. a slice x[:, :k]) as long as the last dim is contiguous and the
-    leading dims merge into one row stride."""
-    check_tensor(name, x, min_ndim=1)
-    n_cols = x.shape[-1]
-    n_rows = math.prod(x.shape[:-1])
-    if x.numel() == 0:
-        return None, n_rows, n_cols
-    if n_cols > 1 and x.stride(-1) != 1:
-        raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(x.stride())}); "
-                         "call .contiguous() first")
-    try:
-        rows = x.view(n_rows, n_cols)
-    except RuntimeError:
-        raise ValueError(f"{name} of shape {tuple(x.shape)} and strides {tuple(x.stride())} cannot "
-                         "be viewed as rows without a copy; call .contiguous() first") from None
-    return rows, n_rows, n_cols
-
-
 def _check_block(block: int) -> None:
     if not isinstance(block, int) or block < 16 or block & (block - 1):
         raise ValueError(f"block must be a power of two >= 16, got {block}")
@@ -359,7 +337,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     block: for one_pass the register block (>= the row length rounded up to a power of two), else
     the tile of the loops. path: force "one_pass", "online" or "split". splits: programs per row
     for the split path."""
-    rows, n_rows, n_cols = _as_rows("x", x)
+    rows, n_rows, n_cols = as_rows("x", x)
     chosen = path
     if chosen is None and n_cols > MAX_ONE_PASS:  # one plan() on the common path
         chosen = plan(n_rows, n_cols, device=x.device).path
@@ -402,7 +380,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
 def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tensor:
     """Three Triton kernels: row max (stored), row sum of exp(x - max) (stored), then
     out = exp(x - max) / sum. block: the tile of every kernel (any row length)."""
-    rows, n_rows, n_cols = _as_rows("x", x)
+    rows, n_rows, n_cols = as_rows("x", x)
     block = min(UNFUSED_BLOCK, max(16, triton.next_power_of_2(n_cols))) if block is None else block
     _check_block(block)
     num_warps = default_warps(block) if num_warps is None else num_warps

@@ -45,6 +45,7 @@ def test_chapter_cells_run(qmd, tmp_path, monkeypatch):
         label = str(cell.options.get("label", ""))
         if label.startswith("fig-"):
             assert plt.get_fignums(), f"{qmd.name}: cell {label} made no figure"
+            assert value is None, f"{qmd.name}: {label} would also print {type(value).__name__}"
             assert cell.options.get("fig-cap"), f"{qmd.name}: {label} has no caption"
             for i, num in enumerate(plt.get_fignums()):
                 plt.figure(num).savefig(figures_dir / f"{qmd.stem}-{label}-{i}.png", dpi=80)

@@ -12,7 +12,6 @@ from . import traffic
 from .sweep import Compiled, Problem, Variant
 
 FAMILY = "elementwise"
-IMPLS = ("torch_eager", "torch_compile", "triton_unfused", "triton_fused")
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 GRIDS = {

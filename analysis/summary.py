@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-KEYS_EXCLUDED = {"impl", "block", "num_warps", "status", "error", "sweep"}
 
 
 def config_keys(df: pd.DataFrame) -> list[str]:

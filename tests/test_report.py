@@ -73,3 +73,12 @@ def test_prose_types_no_measured_numbers(qmd):
     """Measured numbers in prose come from `{python}` expressions, never typed in."""
     text = re.sub(r"`\{python\}[^`]*`", "", prose(qmd.read_text()))
     assert not NUMBER_WITH_UNIT.findall(text), NUMBER_WITH_UNIT.search(text).group(0)
+
+
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_cross_references_resolve(qmd):
+    """Every @fig-/@tbl- reference in the prose names a labelled cell of the same chapter."""
+    text = qmd.read_text()
+    labels = {str(c.options.get("label")) for c in cells(text)}
+    for ref in re.findall(r"@((?:fig|tbl)-[A-Za-z0-9_-]+)", prose(text)):
+        assert ref.rstrip(".-") in labels, f"{qmd.name}: @{ref} has no cell"

@@ -34,13 +34,43 @@ def results_dir(results: str | os.PathLike | None = None) -> Path:
     return path
 
 
+def data_file(results: Path, name: str) -> Path:
+    """results/name, or the committed reference's copy when a partial run (`make bench
+    BENCH_ARGS='--family ...'`) did not measure it; `note(df)` says so in the chapter."""
+    path = Path(results) / name
+    return path if path.exists() else REFERENCE / name
+
+
 def load(results: Path, family: str) -> pd.DataFrame:
-    df = pd.read_parquet(Path(results) / f"{family}.parquet")
+    path = data_file(results, f"{family}.parquet")
+    df = pd.read_parquet(path)
+    df.attrs["from_reference"] = path.parent.resolve() != Path(results).resolve()
     return df
 
 
+def data_line(**frames: pd.DataFrame) -> "Markdown":
+    """The chapter's provenance sentence: GPU and date of each family's run, and a warning for a
+    family whose data came from the committed reference (see `load`)."""
+    parts, fallback = [], []
+    for name, df in frames.items():
+        parts.append(f"{name} measured on {df['gpu'].iloc[0]} on {str(df['started_at'].iloc[0])[:10]}"
+                     f" (run {df['run_id'].iloc[0]})")
+        if df.attrs.get("from_reference"):
+            fallback.append(name)
+    text = "Data: " + "; ".join(parts) + "."
+    if fallback:
+        text += (" This results folder has no data for " + ", ".join(fallback)
+                 + ": those figures come from the committed reference.")
+    return Markdown(text)
+
+
 def load_limits(results: Path) -> pd.DataFrame:
-    return pd.read_parquet(Path(results) / "limits.parquet")
+    """The limits of every run in the folder, and of the reference's runs (which a chapter falls
+    back to, see `load`)."""
+    frames = [pd.read_parquet(Path(results) / "limits.parquet")]
+    if (REFERENCE / "limits.parquet").resolve() != (Path(results) / "limits.parquet").resolve():
+        frames.append(pd.read_parquet(REFERENCE / "limits.parquet"))
+    return pd.concat(frames).drop_duplicates(["run_id", "metric", "precision"])
 
 
 def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee", run_id=None) -> float:

@@ -174,7 +174,11 @@ def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, 
     """Persistent and co-operative: GROUPS x SPLITS programs, all resident at once (grid <= SMs).
     A group walks rows; its SPLITS programs each take a chunk of the row, publish their partial
     (max, sum), wait at a per-row counter for the others, combine, and normalise their chunk while
-    it is still in L2 (the chunks in flight fit the L2 by construction)."""
+    it is still in L2 (the chunks in flight fit the L2 by construction).
+
+    The wait assumes a row's SPLITS programs all get an SM eventually, which holds with one
+    program per SM on the whole device; on a GPU partitioned below its reported SM count (MIG,
+    MPS limits) pass path="online" instead."""
     pid = tl.program_id(0)
     group = pid // SPLITS
     split = pid % SPLITS

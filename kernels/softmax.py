@@ -177,8 +177,8 @@ def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, 
     it is still in L2 (the chunks in flight fit the L2 by construction).
 
     The wait assumes a row's SPLITS programs all get an SM eventually, which holds with one
-    program per SM on the whole device; on a GPU partitioned below its reported SM count (MIG,
-    MPS limits) pass path="online" instead."""
+    program per SM on the whole device; where fewer SMs are usable than the device reports (an
+    MPS active-thread limit), pass path="online" instead."""
     pid = tl.program_id(0)
     group = pid // SPLITS
     split = pid % SPLITS

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from . import traffic
-from .sweep import Compiled, Problem, Variant
+from .sweep import Compiled, Problem, Variant, tf32
 
 # kernels.attention and kernels.softmax_matmul are the public functions; their modules:
 attn = importlib.import_module("kernels.attention")
@@ -28,18 +28,6 @@ SMM_GRIDS = {
                  half_d2=[1024, 8192]),
     "smoke": dict(batch=2, d1=33, d3=19, d2=[40], blocks=[16], half_d2=[40]),
 }
-
-
-def tf32(fn, enabled: bool):
-    """Run fn with PyTorch's TF32 matmul switch set (and restored): precision parity."""
-    def call(*args):
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        try:
-            return fn(*args)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-    return call
 
 
 def _smm_inputs(batch, d1, d2, d3, dtype, device):

@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 
 from . import machine, schema, traffic
-from .attention import SEED_BLOCKS, SEED_D2, TOLERANCE, tf32
-from .sweep import classify, max_rel_err
+from .attention import SEED_BLOCKS, SEED_D2, TOLERANCE
+from .sweep import classify, max_rel_err, tf32
 
 smm = importlib.import_module("kernels.softmax_matmul")
 BATCH, D1, D3 = 16, 2048, 512

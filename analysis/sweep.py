@@ -74,6 +74,18 @@ class Compiled:
         return self.fn(*args)
 
 
+def tf32(fn, enabled: bool):
+    """Run fn with PyTorch's TF32 matmul switch set (and restored): precision parity."""
+    def call(*args):
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        try:
+            return fn(*args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    return call
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

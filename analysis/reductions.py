@@ -55,14 +55,19 @@ def _softmax_inputs(rows, width, dtype, device):
     return (torch.randn(rows, width, device=device, dtype=dtype) * 4,)
 
 
+def _reads_twice(p: "sm.Plan") -> bool:
+    """Whether a softmax plan reads x twice (online, split, coop with chunks over one tile)."""
+    return p.path in (sm.ONLINE, sm.SPLIT) or (p.path == sm.COOP and p.chunk > p.block)
+
+
 def softmax_problems(grid: str = "full") -> list[Problem]:
     g = GRIDS[grid]
     out = []
     for dtype, shapes in g["softmax"].items():
         s = _itemsize(dtype)
         for rows, width in shapes:
-            p = sm.plan(rows, width)
-            online = p.path != sm.ONE_PASS
+            p = sm.plan(rows, width, itemsize=s)
+            online = _reads_twice(p)
 
             def impl_bytes(impl, online=online, rows=rows, width=width, s=s):
                 return traffic.total(traffic.softmax_kernels(rows, width, s, impl, online))
@@ -73,13 +78,18 @@ def softmax_problems(grid: str = "full") -> list[Problem]:
                 Variant("triton_fused", sm.triton_fused, block=p.block, num_warps=p.num_warps,
                         variant=p.path, bytes_impl=impl_bytes("triton_fused")),
             ]
-            if online and (rows, width) not in g["softmax_sweep"]:
-                # The one-row-per-program online kernel against the default at every wide row.
-                q = sm.plan(rows, width, path=sm.ONLINE)
-                variants.append(Variant("triton_fused",
-                                        functools.partial(sm.triton_fused, path=sm.ONLINE),
-                                        block=q.block, num_warps=q.num_warps, sweep="block",
-                                        variant=sm.ONLINE, bytes_impl=impl_bytes("triton_fused")))
+            if p.path != sm.ONE_PASS and (rows, width) not in g["softmax_sweep"]:
+                # The other wide-row paths (one row per program, co-operative) at their default
+                # tiles against the default at every wide row.
+                for other in (sm.ONLINE, sm.COOP):
+                    if other == p.path:
+                        continue
+                    q = sm.plan(rows, width, itemsize=s, path=other)
+                    variants.append(Variant(
+                        "triton_fused", functools.partial(sm.triton_fused, path=other),
+                        block=q.block, num_warps=q.num_warps, sweep="block", variant=other,
+                        bytes_impl=traffic.total(traffic.softmax_kernels(
+                            rows, width, s, "triton_fused", online=_reads_twice(q)))))
             if dtype == torch.float32 and (rows, width) in g["softmax_sweep"]:
                 variants += _softmax_sweep_variants(rows, width, s, g)
             variants.append(Variant("torch_compile", Compiled(sm.reference),
@@ -98,7 +108,7 @@ def softmax_problems(grid: str = "full") -> list[Problem]:
 def _softmax_sweep_variants(rows, width, s, g):
     """Warps for the default path; tile sizes (and warps) for the looping paths."""
     out = []
-    default = sm.plan(rows, width)
+    default = sm.plan(rows, width, itemsize=s)
     for warps in g["warps"]:
         if warps != default.num_warps:
             out.append(Variant("triton_fused", functools.partial(sm.triton_fused, num_warps=warps),
@@ -108,12 +118,12 @@ def _softmax_sweep_variants(rows, width, s, g):
         for tile in g["tiles"]:
             if tile > width:
                 continue
-            p = sm.plan(rows, width, path=path, block=tile)
+            p = sm.plan(rows, width, itemsize=s, path=path, block=tile)
             out.append(Variant("triton_fused",
                                functools.partial(sm.triton_fused, path=path, block=tile),
                                block=tile, num_warps=p.num_warps, sweep="block", variant=path,
                                bytes_impl=traffic.total(traffic.softmax_kernels(
-                                   rows, width, s, "triton_fused", online=True))))
+                                   rows, width, s, "triton_fused", online=_reads_twice(p)))))
     return out
 
 
@@ -155,6 +165,35 @@ class _Backward:
         return torch.autograd.grad(y, leaves, dy, retain_graph=True)
 
 
+class _DirectBackward:
+    """The backward's kernels called directly, without the autograd engine (which runs a backward
+    on its own thread, so a CUDA graph cannot capture it): what ms_graph replays for the backward.
+    The forward's saved statistics are computed once, at the first call.
+    kind: "eager" (aten.native_layer_norm_backward), "compile" (the same op through torch.compile:
+    Inductor's decomposition, as in a compiled model's backward) or "fused" (ours)."""
+
+    def __init__(self, kind):
+        self.kind, self.saved = kind, None
+        self.compiled = Compiled(_aten_ln_backward) if kind == "compile" else None
+
+    def __call__(self, x, w, b, dy):
+        n = x.shape[-1]
+        if self.saved is None:
+            if self.kind == "fused":
+                self.saved = ln._fused_forward(x, w, b, EPS, None, None, None)[1]
+            else:
+                self.saved = torch.ops.aten.native_layer_norm(x, [n], w, b, EPS)[1:]
+        if self.kind == "fused":
+            return ln._backward(dy, x, w, self.saved, True, True, None, None, None)
+        fn = self.compiled if self.kind == "compile" else _aten_ln_backward
+        return fn(dy, x, *self.saved, w, b)
+
+
+def _aten_ln_backward(dy, x, mean, rstd, w, b):
+    return torch.ops.aten.native_layer_norm_backward(dy, x, [x.shape[-1]], mean, rstd, w, b,
+                                                     [True, True, True])
+
+
 def _ln_reference_bwd(x, w, b, dy):
     leaves = [t.detach().requires_grad_() for t in (x, w, b)]
     y = F.layer_norm(leaves[0], (x.shape[-1],), leaves[1], leaves[2], EPS)
@@ -190,12 +229,17 @@ def layernorm_problems(grid: str = "full") -> list[Problem]:
                     ]
                     reference = _ln_reference_fwd
                 else:
+                    # Timed per call through autograd (ms_*) and, for the GPU side alone, as the
+                    # backward's kernels called directly under graph replay (ms_graph).
                     variants = [
-                        Variant("torch_eager", _Backward(_torch_ln), bytes_impl=impl_bytes("torch_eager")),
+                        Variant("torch_eager", _Backward(_torch_ln), bytes_impl=impl_bytes("torch_eager"),
+                                graph_fn=_DirectBackward("eager")),
                         Variant("triton_fused", _Backward(ln.triton_fused),
-                                bytes_impl=impl_bytes("triton_fused")),
+                                bytes_impl=impl_bytes("triton_fused"),
+                                graph_fn=_DirectBackward("fused")),
                         Variant("torch_compile", _Backward(Compiled(_torch_ln)),
-                                bytes_impl=impl_bytes("torch_compile")),
+                                bytes_impl=impl_bytes("torch_compile"),
+                                graph_fn=_DirectBackward("compile")),
                     ]
                     reference = _ln_reference_bwd
                 out.append(Problem(
@@ -208,7 +252,7 @@ def layernorm_problems(grid: str = "full") -> list[Problem]:
                                                                          "triton_fused", direction)),
                     flops_model=traffic.layer_norm_flops(rows, width, direction),
                     tolerance=TOLERANCE[dtype] * (4 if direction == "bwd" else 1),
-                    variants=variants, graph=direction == "fwd"))
+                    variants=variants, graph=True))
     return out
 
 

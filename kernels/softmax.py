@@ -5,7 +5,7 @@ of x's shape and dtype, is rounded once at the store.
 
 Unfused (three kernels) the row max and the row sum are separate passes over x and the
 exponentials are recomputed for the output: x is read three times and written once (4N element
-moves). Fused, `plan` picks one of three paths:
+moves). Fused, `plan` picks one of four paths:
 
 - "one_pass": one program per row holds the whole row in registers: x read once, written once (2N).
   Up to MAX_ONE_PASS elements: at 32768 and 16 warps ptxas gives 124 registers a thread (64 row
@@ -14,6 +14,12 @@ moves). Fused, `plan` picks one of three paths:
 - "online": one program per row loops over tiles keeping a running max m and sum s (rescaling s
   when m grows), then a second loop writes exp(x - m) / s: x read twice (3N). The second loop walks
   the tiles backwards, so the tiles read last, the likeliest still in L2, are read again first.
+  The default for rows of up to ONLINE_MAX_ROW_BYTES: with one row per SM in flight, most of the
+  second read comes from L2.
+- "coop": longer rows. A persistent grid of one program per SM; each row is shared by a group of
+  programs that each hold a chunk in registers, exchange their partial (max, sum) through memory,
+  wait for each other at a per-row counter and write their chunk from registers: 2N, like
+  one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK elements.
 - "split": for long rows and fewer rows than SMs, where one program per row would leave most of
   the GPU idle: several programs per row each reduce a chunk to a partial (max, sum), and a second
   kernel combines a row's partials and writes its chunk. Also 3N, but the whole GPU works; when the
@@ -35,8 +41,15 @@ from ._common import as_rows, default_warps, empty
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
-# Default tile of the looping kernels (online, split, unfused): 16 warps, 16 float32 a thread.
-ONLINE_BLOCK = 8192
+# Default tile of the online kernel: 16 warps, 64 float32 a thread. Measured on the H100 (4096 x
+# 65536 fp32): 2.80 TB/s at 32768 against 2.28 at 16384 and 2.17 at 8192; a bigger tile keeps
+# more bytes in flight per SM, and a row of two tiles is re-read from L2.
+ONLINE_BLOCK = 32768
+# Rows up to this many bytes take the online kernel by default, longer ones the coop path (H100,
+# fp32: online 2.80 / 2.31 TB/s at 65536 / 131072 wide, the coop path's first version 2.62 / 2.19).
+ONLINE_MAX_ROW_BYTES = 512 * 1024
+# Tile of the split path: smaller, so that a few long rows still make enough programs.
+SPLIT_BLOCK = 8192
 UNFUSED_BLOCK = 4096
 # SMs assumed when there is no GPU to ask (an H100 SXM), so the interpreter plans like an H100.
 DEFAULT_SM_COUNT = 132
@@ -45,11 +58,14 @@ SPLIT_PROGRAMS_PER_SM = 2
 
 ONE_PASS, ONLINE, SPLIT, COOP = "one_pass", "online", "split", "coop"
 PATHS = (ONE_PASS, ONLINE, SPLIT, COOP)
-# The coop path keeps the chunks being read by all programs at once within this many bytes, so
-# the normalising pass re-reads them from the 50 MB L2 of an H100 rather than from memory.
+# The coop path splits a row into chunks of at most COOP_BLOCK elements, so each chunk stays in
+# registers (one program per SM, like the one-pass kernel at MAX_ONE_PASS) and x is read once.
+# Rows too long for that (more than MAX_COOP_SPLITS chunks) loop over their chunks and read them
+# twice; then the chunks read by all programs at once are kept within COOP_L2_BUDGET bytes, so
+# the second read comes from the 50 MB L2 of an H100 rather than from memory.
+COOP_BLOCK = 32768
+MAX_COOP_SPLITS = 16
 COOP_L2_BUDGET = 40 * 2**20
-# With one program per SM, each needs large tiles in flight (the H100 sweep: 16384 > 8192).
-COOP_BLOCK = 16384
 
 # A constexpr: the only kind of global a @triton.jit function may read.
 NEG_INF = tl.constexpr(float("-inf"))
@@ -170,11 +186,13 @@ def _softmax_split_write_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, n_cols, x_ro
 @triton.jit
 def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, n_cols,
                          x_row_stride, out_row_stride, chunk, SPLITS: tl.constexpr,
-                         GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+                         GROUPS: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
     """Persistent and co-operative: GROUPS x SPLITS programs, all resident at once (grid <= SMs).
     A group walks rows; its SPLITS programs each take a chunk of the row, publish their partial
-    (max, sum), wait at a per-row counter for the others, combine, and normalise their chunk while
-    it is still in L2 (the chunks in flight fit the L2 by construction).
+    (max, sum), wait at a per-row counter for the others, combine, and normalise their chunk.
+    ONE_TILE (chunk <= BLOCK): the chunk stays in registers across the wait, so x is read from
+    memory exactly once. Otherwise the chunk is read twice, the second time while it is still in
+    L2 (the chunks in flight fit the L2 by construction).
 
     The wait assumes a row's SPLITS programs all get an SM eventually, which holds with one
     program per SM on the whole device; where fewer SMs are usable than the device reports (an
@@ -185,10 +203,20 @@ def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, 
     start = split * chunk
     end = tl.minimum(start + chunk, n_cols)
     idx = tl.arange(0, SPLITS)
+    cols = tl.arange(0, BLOCK)
     for row in range(group, n_rows, GROUPS):
         row64 = tl.zeros((), tl.int64) + row  # 64-bit offsets (also under the interpreter)
         x_row = x_ptr + row64 * x_row_stride
-        m, s = _online_max_sum(x_row, start, end, BLOCK)
+        if ONE_TILE:
+            offs = start + cols
+            mask = offs < end
+            x = tl.load(x_row + offs, mask=mask, other=NEG_INF,
+                        eviction_policy="evict_first").to(tl.float32)
+            m = tl.max(x, axis=0)
+            # An all -inf chunk: shift by 0, so s is exactly 0 (see _online_max_sum).
+            s = tl.sum(tl.exp(x - tl.where(m == NEG_INF, 0.0, m)), axis=0)
+        else:
+            m, s = _online_max_sum(x_row, start, end, BLOCK)
         if SPLITS > 1:
             tl.store(pmax_ptr + row64 * SPLITS + split, m)
             tl.store(psum_ptr + row64 * SPLITS + split, s)
@@ -200,19 +228,28 @@ def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, 
             ps = tl.load(psum_ptr + row64 * SPLITS + idx, volatile=True)
             m = tl.max(pm, axis=0)
             s = tl.sum(ps * tl.exp(pm - m), axis=0)
-        _write_normalised(x_row, out_ptr + row64 * out_row_stride, start, end, m, s, BLOCK)
+        if ONE_TILE:
+            # An all -inf row has m = -inf: x - m is NaN, the row NaN, as in torch.
+            y = tl.exp(x - m) * (1.0 / s)
+            tl.store(out_ptr + row64 * out_row_stride + offs, y.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+        else:
+            _write_normalised(x_row, out_ptr + row64 * out_row_stride, start, end, m, s, BLOCK)
 
 
-def coop_splits(n_cols: int, itemsize: int, device=None) -> int:
-    """Programs per row for the coop path: enough that one chunk per SM fits COOP_L2_BUDGET.
-    Under the interpreter programs run one after another, so a row cannot be shared (1)."""
+def coop_splits(n_cols: int, itemsize: int, device=None, block: int = COOP_BLOCK) -> int:
+    """Programs per row for the coop path (a power of two): enough that each chunk fits one tile
+    of `block` elements (in registers), and that one chunk per SM fits COOP_L2_BUDGET; at most
+    MAX_COOP_SPLITS. Under the interpreter programs run one after another, so a row cannot be
+    shared (1)."""
     from ._common import interpreting
 
     if interpreting():
         return 1
     sms = _sm_count(device)
-    need = triton.cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET)
-    return min(triton.next_power_of_2(need), 16)
+    need = max(triton.cdiv(n_cols, block), triton.cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET))
+    # A power of two no larger than the SM count: every program must be resident at once.
+    return min(triton.next_power_of_2(need), MAX_COOP_SPLITS, 1 << (sms.bit_length() - 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -284,18 +321,18 @@ def _device_sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, path=None,
-         splits=None) -> Plan:
-    """The path, block, warps and splits `triton_fused` uses for (n_rows, n_cols), with any of
-    them forced. Raises ValueError on a choice that cannot work."""
+def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None, num_warps=None,
+         path=None, splits=None) -> Plan:
+    """The path, block, warps and splits `triton_fused` uses for (n_rows, n_cols) of elements of
+    `itemsize` bytes, with any of them forced. Raises ValueError on a choice that cannot work."""
     if path is None:
         if n_cols <= MAX_ONE_PASS:
             path = ONE_PASS
         elif n_rows < _sm_count(device):
             path = SPLIT
+        elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES:
+            path = ONLINE
         else:
-            # Measured on the H100 (NOTES.md): at 4096 x 65536 fp32 the co-operative path moves
-            # 2.62 TB/s of model bytes against 2.17 for the one-row-per-program online kernel.
             path = COOP
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
@@ -308,7 +345,7 @@ def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, p
                 f"the one-pass kernel holds the whole row: block must be >= {whole_row} for rows "
                 f"of {n_cols}, got {block} (path='online' loops over tiles of block)")
     else:
-        default = COOP_BLOCK if path == COOP else ONLINE_BLOCK
+        default = {COOP: COOP_BLOCK, SPLIT: SPLIT_BLOCK, ONLINE: ONLINE_BLOCK}[path]
         block = min(default, whole_row) if block is None else block
         _check_block(block)
     num_warps = default_warps(block) if num_warps is None else num_warps
@@ -324,7 +361,7 @@ def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, p
         chunk = triton.cdiv(tiles, min(splits, tiles)) * block
         n_splits = triton.cdiv(n_cols, chunk)
     elif path == COOP:
-        n_splits = 1 if splits is None else splits
+        n_splits = coop_splits(n_cols, itemsize, device, block) if splits is None else splits
         if not isinstance(n_splits, int) or n_splits < 1 or n_splits & (n_splits - 1):
             raise ValueError(f"splits must be a power of two for path='coop', got {splits}")
         tiles = triton.cdiv(n_cols, block)
@@ -336,19 +373,16 @@ def plan(n_rows: int, n_cols: int, *, device=None, block=None, num_warps=None, p
 
 def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
                  splits=None) -> torch.Tensor:
-    """Fused softmax: one kernel (one_pass, online) or two (split); see `plan` for the choice.
+    """Fused softmax: one kernel (one_pass, online, coop) or two (split); see `plan` for the
+    choice.
 
     block: for one_pass the register block (>= the row length rounded up to a power of two), else
-    the tile of the loops. path: force "one_pass", "online" or "split". splits: programs per row
-    for the split path."""
+    the tile of the loops (coop: a chunk of at most block elements is held in registers). path:
+    force "one_pass", "online", "split" or "coop". splits: programs per row for the split and coop
+    paths."""
     rows, n_rows, n_cols = as_rows("x", x)
-    chosen = path
-    if chosen is None and n_cols > MAX_ONE_PASS:  # one plan() on the common path
-        chosen = plan(n_rows, n_cols, device=x.device).path
-    if chosen == COOP and splits is None:
-        splits = coop_splits(n_cols, x.element_size(), x.device)
-    p = plan(n_rows, n_cols, device=x.device, block=block, num_warps=num_warps, path=chosen,
-             splits=splits)
+    p = plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
+             num_warps=num_warps, path=path, splits=splits)
     out = empty(x.shape, x.dtype, x.device)
     if rows is None:
         return out
@@ -367,7 +401,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
         count = torch.zeros((n_rows,), dtype=torch.int32, device=x.device)
         _softmax_coop_kernel[(groups * p.splits,)](
             rows, out2, pmax, psum, count, n_rows, *args, p.chunk, SPLITS=p.splits,
-            GROUPS=groups, BLOCK=p.block, num_warps=p.num_warps)
+            GROUPS=groups, BLOCK=p.block, ONE_TILE=p.chunk <= p.block, num_warps=p.num_warps)
     else:
         # Every (row, split) slot is written by the first kernel.
         pmax = empty((n_rows, p.splits), torch.float32, x.device)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import kernels
+from kernels._common import interpreting
 
 from conftest import TOL, rel_err
 
@@ -138,10 +139,15 @@ def test_empty(impl, shape, device):
 def test_plan(device):
     assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 4, 1, 1024)
     assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS
-    assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.COOP
-    assert sm.plan(4096, 262_144) == sm.Plan(sm.COOP, sm.COOP_BLOCK, 16, 1, 262_144)
+    assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
+    # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop.
+    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4).path == sm.ONLINE
+    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 2, itemsize=2).path == sm.ONLINE
+    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 1).path == sm.COOP
     assert sm.plan(4096, 262_144, path="online") == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1,
                                                             262_144)
+    assert sm.plan(4096, 262_144, path="coop", splits=8) == sm.Plan(sm.COOP, sm.COOP_BLOCK, 16, 8,
+                                                                    32_768)
     p = sm.plan(8, 262_144)  # 8 rows on 132 SMs: split each row
     assert p.path == sm.SPLIT and p.splits > 1 and p.chunk % p.block == 0
     assert (p.splits - 1) * p.chunk < 262_144 <= p.splits * p.chunk
@@ -188,17 +194,29 @@ def test_bad_unfused_block_raises(device):
         sm.triton_unfused(torch.ones(2, 10, device=device), block=24)
 
 
+@pytest.mark.parametrize("block", [256, 4096])  # chunks looped over, or held in registers
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("shape", [(5, 3000), (200, 1000), (3, 1)])
-def test_coop_path(shape, dtype, device):
+def test_coop_path(shape, dtype, block, device):
     """The persistent, co-operative path (one split per row under the interpreter)."""
     x = torch.randn(*shape, device=device, dtype=dtype) * 4
-    out = sm.triton_fused(x, path="coop", block=256)
+    x[-1, : shape[1] // 2] = float("-inf")
+    out = sm.triton_fused(x, path="coop", block=block)
     assert rel_err(out, torch.softmax(x.double(), -1)) <= TOL[dtype]
 
 
+def test_coop_splits():
+    # Chunks of at most COOP_BLOCK, a power of two of them, no more than MAX_COOP_SPLITS.
+    if interpreting():
+        assert sm.coop_splits(262_144, 4) == 1
+        return
+    assert sm.coop_splits(262_144, 4) == 8
+    assert sm.coop_splits(70_000, 4) == 4
+    assert sm.coop_splits(1 << 24, 4) == sm.MAX_COOP_SPLITS
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="row sharing needs co-resident programs")
-@pytest.mark.parametrize("splits", [2, 4, 8])
+@pytest.mark.parametrize("splits", [2, 4, 8])  # looped chunks (2), in registers (4, 8)
 def test_coop_shared_rows(splits, device):
     x = torch.randn(300, 70_001, device=device) * 4
     x[7, :40_000] = float("-inf")

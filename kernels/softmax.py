@@ -14,9 +14,9 @@ moves). Fused, `plan` picks one of four paths:
 - "online": one program per row loops over tiles keeping a running max m and sum s (rescaling s
   when m grows), then a second loop writes exp(x - m) / s: x read twice (3N). The second loop walks
   the tiles backwards, so the tiles read last, the likeliest still in L2, are read again first.
-  The default for rows of up to ONLINE_MAX_ROW_BYTES: with one row per SM in flight, most of the
-  second read comes from L2.
-- "coop": longer rows. A persistent grid of one program per SM; each row is shared by a group of
+  The default for rows of up to ONLINE_MAX_ROW_BYTES (and for wide 16-bit rows): with one row
+  per SM in flight, most of the second read comes from L2.
+- "coop": longer float32 rows. A persistent grid of one program per SM; each row is shared by a group of
   programs that each hold a chunk in registers, exchange their partial (max, sum) through memory,
   wait for each other at a per-row counter and write their chunk from registers: 2N, like
   one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK elements.
@@ -45,9 +45,12 @@ MAX_ONE_PASS = 32768
 # 65536 fp32): 2.80 TB/s at 32768 against 2.28 at 16384 and 2.17 at 8192; a bigger tile keeps
 # more bytes in flight per SM, and a row of two tiles is re-read from L2.
 ONLINE_BLOCK = 32768
-# Rows up to this many bytes take the online kernel by default, longer ones the coop path (H100,
-# fp32: online 2.80 / 2.31 TB/s at 65536 / 131072 wide, the coop path's first version 2.62 / 2.19).
-ONLINE_MAX_ROW_BYTES = 512 * 1024
+# Rows up to this many bytes take the online kernel by default; longer float32 rows the coop path.
+# Measured on the H100, 4096 rows (analysis/NOTES.md): fp32 online 2.81 / 2.31 / 2.12 TB/s at
+# 65536 / 131072 / 262144 wide, coop 2.60 / 2.62 / 2.57. 16-bit rows stay online: a 32768-element
+# chunk is only 64 KiB there, too few bytes in flight for one program per SM (fp16 262144:
+# online 2.18, coop 2.06).
+ONLINE_MAX_ROW_BYTES = 256 * 1024
 # Tile of the split path: smaller, so that a few long rows still make enough programs.
 SPLIT_BLOCK = 8192
 UNFUSED_BLOCK = 4096
@@ -330,7 +333,7 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
             path = ONE_PASS
         elif n_rows < _sm_count(device):
             path = SPLIT
-        elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES:
+        elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4:
             path = ONLINE
         else:
             path = COOP

@@ -140,10 +140,10 @@ def test_plan(device):
     assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 4, 1, 1024)
     assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS
     assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
-    # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop.
+    # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop (float32 only).
     assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4).path == sm.ONLINE
-    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 2, itemsize=2).path == sm.ONLINE
     assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 1).path == sm.COOP
+    assert sm.plan(4096, 262_144, itemsize=2).path == sm.ONLINE
     assert sm.plan(4096, 262_144, path="online") == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1,
                                                             262_144)
     assert sm.plan(4096, 262_144, path="coop", splits=8) == sm.Plan(sm.COOP, sm.COOP_BLOCK, 16, 8,

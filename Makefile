@@ -53,11 +53,12 @@ $(VENV)/.installed: requirements.txt
 test: setup ## correctness tests (GPU if present, else Triton's interpreter on the CPU)
 	$(RUN_PY) -m pytest -q tests
 
-bench: setup ## run the sweeps (and seed 002's benchmark) on the GPU into results/runs/<time>/
+bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
 	$(RUN_PY) -m analysis --out $(BENCH_OUT) $(BENCH_ARGS)
 	@# The full bench includes seed 002's own protocol (the attention chapter shows its CSV).
-	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m analysis.seed002 --out $(BENCH_OUT); fi
+	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m analysis.seed002 --out $(BENCH_OUT) && \
+	  $(RUN_PY) -m analysis.host_overhead --out $(BENCH_OUT)/host_overhead.csv; fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)

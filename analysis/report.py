@@ -48,6 +48,18 @@ def load(results: Path, family: str) -> pd.DataFrame:
     return df
 
 
+def load_csv(results: Path, name: str) -> pd.DataFrame:
+    """A CSV table of a run (e.g. host_overhead.csv), or the reference's copy (see `data_file`)."""
+    return pd.read_csv(data_file(results, f"{name}.csv"))
+
+
+def source_line(table: pd.DataFrame) -> str:
+    """Where a CSV table (see `load_csv`) was measured: GPU, date, versions."""
+    r = table.iloc[0]
+    return (f"Measured on {r['gpu']} on {str(r['date'])[:10]}, torch {r['torch']}, "
+            f"triton {r['triton']}.")
+
+
 def data_line(**frames: pd.DataFrame) -> "Markdown":
     """The chapter's provenance sentence: GPU and date of each family's run, and a warning for a
     family whose data came from the committed reference (see `load`)."""

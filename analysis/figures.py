@@ -49,7 +49,12 @@ def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str,
         ax.set_xlabel(xlabel)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=8, loc="best")
+    # One legend with every panel's lines (a panel may lack an implementation).
+    entries = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    axes[0][-1].legend(list(entries.values()), list(entries), fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 

@@ -121,6 +121,16 @@ def as_rows(name: str, x, checked: bool = False) -> tuple[torch.Tensor | None, i
     return rows, n_rows, n_cols
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host (triton.cdiv is a constexpr function: microseconds a call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), on the host (see cdiv)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def default_warps(block: int) -> int:
     """One warp per 256 elements of a 1-D block, between 1 and 16."""
     return max(1, min(16, block // 256))
@@ -129,6 +139,7 @@ def default_warps(block: int) -> int:
 __all__ = [
     "FLOAT_DTYPES",
     "as_rows",
+    "cdiv",
     "check_contiguous",
     "check_same",
     "check_tensor",
@@ -136,6 +147,7 @@ __all__ = [
     "dot",
     "empty",
     "interpreting",
+    "next_pow2",
     "poisoned_outputs",
     "triton",
     "upcast_bf16",

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import (FLOAT_DTYPES, as_rows, check_contiguous, check_same, check_tensor,
-                      default_warps, empty)
+from ._common import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_same, check_tensor,
+                      default_warps, empty, next_pow2)
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -536,7 +536,7 @@ def _fwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _FwdPla
             8192 (16 warps) 107, 1, 64 KB;  16384 (32 warps, no prefetch) 64, 1, 64 KB.
     No spills in any (for N a multiple of 16)."""
     if block is None:
-        block = max(16, triton.next_power_of_2(n_cols)) if n_cols <= MAX_ONE_TILE else LOOP_BLOCK
+        block = max(16, next_pow2(n_cols)) if n_cols <= MAX_ONE_TILE else LOOP_BLOCK
     if block < n_cols:
         return _FwdPlan(block, 1, num_warps or default_warps(block), False, False, False)
     # Rows under 1024: half the tile, 8 elements a thread (more spill at 64 rows and up).
@@ -570,7 +570,7 @@ def _bwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _BwdPla
     Wider rows: the split kernel, segments of BWD_SPLIT_BLOCK at 32 warps, 64 registers. No
     spills in any (for N a multiple of 16)."""
     if block is None:
-        block = (max(16, triton.next_power_of_2(n_cols)) if n_cols <= BWD_MAX_ONE_TILE
+        block = (max(16, next_pow2(n_cols)) if n_cols <= BWD_MAX_ONE_TILE
                  else BWD_SPLIT_BLOCK)
     if block < n_cols:
         return _BwdPlan(block, 1, num_warps or max(1, min(32, block // 256)), False, False)
@@ -586,10 +586,6 @@ def _bwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _BwdPla
         num_warps = max(1, min(16, rows * block // 256))
     prefetch = block <= 4096 and rows * block * itemsize <= 16 * 1024
     return _BwdPlan(block, rows, num_warps, True, prefetch)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv is a jit function: slow to call on the host
 
 
 @functools.lru_cache(maxsize=None)
@@ -641,7 +637,7 @@ def bwd_groups(n_rows: int, device=None) -> int:
     BWD_MAX_ONE_TILE, runs cdiv(N, BWD_SPLIT_BLOCK) programs per group, each owning a column
     segment of the same partial rows.)"""
     sms = _sm_count(None if device is None else torch.device(device))
-    return max(1, min(GROUPS_PER_SM * sms, _cdiv(n_rows, MIN_ROWS_PER_GROUP)))
+    return max(1, min(GROUPS_PER_SM * sms, cdiv(n_rows, MIN_ROWS_PER_GROUP)))
 
 
 def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
@@ -661,7 +657,7 @@ def _forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
     key = (rows.device, rows.dtype, has_w, has_b, plan, n_rows % 16 == 0, n_cols % 16 == 0,
            rows.stride(0) % 16 == 0, y2.stride(0) % 16 == 0)
     per_sm = _RESIDENT.get(key)
-    grid = min(_cdiv(n_rows, plan.rows), _sm_count(rows.device) * (per_sm or 1))
+    grid = min(cdiv(n_rows, plan.rows), _sm_count(rows.device) * (per_sm or 1))
     compiled = _ln_fwd_kernel[(grid,)](
         *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows, BLOCK=plan.block,
         WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch, num_warps=plan.num_warps)
@@ -699,15 +695,15 @@ def _backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
             *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=plan.rows, BLOCK=plan.block,
             PREFETCH=plan.prefetch, num_warps=plan.num_warps, enable_fp_fusion=False)
     else:
-        _ln_bwd_split_kernel[(_cdiv(n_cols, plan.block), groups)](
+        _ln_bwd_split_kernel[(cdiv(n_cols, plan.block), groups)](
             *args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=plan.block,
             num_warps=plan.num_warps, enable_fp_fusion=False)
     if n_parts == 0:
         return dx, None, None
     dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
     db = empty((n_cols,), x.dtype, x.device) if need_db else None
-    block_n = min(128, max(32, triton.next_power_of_2(n_cols) // 128))
-    _sum_groups_kernel[(_cdiv(n_cols, block_n), n_parts)](
+    block_n = min(128, max(32, next_pow2(n_cols) // 128))
+    _sum_groups_kernel[(cdiv(n_cols, block_n), n_parts)](
         part, rows if dw is None else dw, rows if db is None else db, groups, n_cols, DW=need_dw,
         DB=need_db, BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
     return dx, dw, db
@@ -764,7 +760,7 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
     -> shift, each result stored and read back by the next (scale/shift skipped for None)."""
     rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
     _check_options(block, num_warps)
-    block = min(UNFUSED_BLOCK, max(16, triton.next_power_of_2(n_cols))) if block is None else block
+    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
     num_warps = default_warps(block) if num_warps is None else num_warps
     if rows is None:
         return empty(x.shape, x.dtype, x.device)
@@ -775,13 +771,13 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
     _row_var_kernel[(n_rows,)](rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
                                num_warps=num_warps)
     t = empty(x.shape, x.dtype, x.device)
-    _normalise_kernel[(n_rows, _cdiv(n_cols, block))](
+    _normalise_kernel[(n_rows, cdiv(n_cols, block))](
         rows, mean, var, t, n_cols, rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
     n = x.numel()
     for kernel, p in ((_scale_kernel, weight), (_shift_kernel, bias)):
         if p is not None:
             out = empty(x.shape, x.dtype, x.device)
-            kernel[(_cdiv(n, block),)](t, p, out, n, n_cols, BLOCK=block,
+            kernel[(cdiv(n, block),)](t, p, out, n, n_cols, BLOCK=block,
                                              num_warps=num_warps)
             t = out
     return t

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, default_warps, empty
+from ._common import as_rows, cdiv, default_warps, empty, next_pow2
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
@@ -250,9 +250,9 @@ def coop_splits(n_cols: int, itemsize: int, device=None, block: int = COOP_BLOCK
     if interpreting():
         return 1
     sms = _sm_count(device)
-    need = max(triton.cdiv(n_cols, block), triton.cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET))
+    need = max(cdiv(n_cols, block), cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET))
     # A power of two no larger than the SM count: every program must be resident at once.
-    return min(triton.next_power_of_2(need), MAX_COOP_SPLITS, 1 << (sms.bit_length() - 1))
+    return min(next_pow2(need), MAX_COOP_SPLITS, 1 << (sms.bit_length() - 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
             path = COOP
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
-    whole_row = max(16, triton.next_power_of_2(n_cols))
+    whole_row = max(16, next_pow2(n_cols))
     if path == ONE_PASS:
         block = whole_row if block is None else block
         _check_block(block)
@@ -355,20 +355,20 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     _check_warps(num_warps)
     n_splits, chunk = 1, n_cols
     if path == SPLIT:
-        tiles = triton.cdiv(n_cols, block)
+        tiles = cdiv(n_cols, block)
         if splits is None:
-            splits = triton.cdiv(SPLIT_PROGRAMS_PER_SM * _sm_count(device), max(n_rows, 1))
+            splits = cdiv(SPLIT_PROGRAMS_PER_SM * _sm_count(device), max(n_rows, 1))
         if not isinstance(splits, int) or splits < 1:
             raise ValueError(f"splits must be a positive int, got {splits}")
         # Whole tiles per chunk; then drop splits that would get no columns.
-        chunk = triton.cdiv(tiles, min(splits, tiles)) * block
-        n_splits = triton.cdiv(n_cols, chunk)
+        chunk = cdiv(tiles, min(splits, tiles)) * block
+        n_splits = cdiv(n_cols, chunk)
     elif path == COOP:
         n_splits = coop_splits(n_cols, itemsize, device, block) if splits is None else splits
         if not isinstance(n_splits, int) or n_splits < 1 or n_splits & (n_splits - 1):
             raise ValueError(f"splits must be a power of two for path='coop', got {splits}")
-        tiles = triton.cdiv(n_cols, block)
-        chunk = triton.cdiv(tiles, n_splits) * block
+        tiles = cdiv(n_cols, block)
+        chunk = cdiv(tiles, n_splits) * block
     elif splits is not None:
         raise ValueError(f"splits only applies to path='split' or 'coop', not {path!r}")
     return Plan(path, block, num_warps, n_splits, chunk)
@@ -413,7 +413,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
         _softmax_split_partial_kernel[grid](rows, pmax, psum, n_cols, rows.stride(0), p.chunk,
                                             p.splits, BLOCK=p.block, num_warps=p.num_warps)
         _softmax_split_write_kernel[grid](rows, out2, pmax, psum, *args, p.chunk, p.splits,
-                                          SPLITS_P2=triton.next_power_of_2(p.splits),
+                                          SPLITS_P2=next_pow2(p.splits),
                                           BLOCK=p.block, num_warps=p.num_warps)
     return out
 
@@ -422,7 +422,7 @@ def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tens
     """Three Triton kernels: row max (stored), row sum of exp(x - max) (stored), then
     out = exp(x - max) / sum. block: the tile of every kernel (any row length)."""
     rows, n_rows, n_cols = as_rows("x", x)
-    block = min(UNFUSED_BLOCK, max(16, triton.next_power_of_2(n_cols))) if block is None else block
+    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
     _check_block(block)
     num_warps = default_warps(block) if num_warps is None else num_warps
     _check_warps(num_warps)
@@ -436,7 +436,7 @@ def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tens
                                num_warps=num_warps)
     _row_exp_sum_kernel[(n_rows,)](rows, row_max, row_sum, n_cols, rows.stride(0), BLOCK=block,
                                    num_warps=num_warps)
-    _normalise_kernel[(n_rows, triton.cdiv(n_cols, block))](
+    _normalise_kernel[(n_rows, cdiv(n_cols, block))](
         rows, row_max, row_sum, out2, n_cols, rows.stride(0), out2.stride(0), BLOCK=block,
         num_warps=num_warps)
     return out

@@ -89,8 +89,10 @@ def main() -> None:
     eager_ln = lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)  # noqa: E731
     compiled_ln = torch.compile(eager_ln)
     sections = args.sections.split(",")
-    for dtype, (rows, width) in () if "ln" not in sections else ((torch.float16, (4096, 1024)), (torch.float16, (4096, 4096)),
-                                 (torch.float16, (4096, 8192))):
+    ln_shapes = [(4096, 1024), (4096, 4096), (4096, 8192)] if "ln" in sections else []
+    softmax_widths = [1024, 2048, 4096] if "softmax" in sections else []
+    dtype = torch.float16
+    for rows, width in ln_shapes:
         x = torch.randn(rows, width, device=dev, dtype=dtype)
         w = torch.randn(width, device=dev, dtype=dtype)
         b = torch.randn(width, device=dev, dtype=dtype)
@@ -126,7 +128,7 @@ def main() -> None:
         _, stats = ln._fused_forward(x, w, b, 1e-5, None, None, None)
         show(f"{tag} bwd fused: _backward only",
              lambda: ln._backward(dy, x, w, stats, True, True, None, None, None))
-    for width in (1024, 2048, 4096) if "softmax" in sections else ():
+    for width in softmax_widths:
         x = torch.randn(4096, width, device=dev)
         tag = f"softmax 4096x{width} fp32"
         show(f"{tag} eager", lambda: torch.softmax(x, -1))

@@ -443,21 +443,16 @@ def _normalise_kernel(x_ptr, mean_ptr, var_ptr, out_ptr, n_cols, x_row_stride, e
 
 
 @triton.jit
-def _scale_kernel(t_ptr, w_ptr, out_ptr, n, n_cols, BLOCK: tl.constexpr):
+def _column_op_kernel(t_ptr, p_ptr, out_ptr, n, n_cols, SCALE: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """One elementwise step with a per-column vector p: t * p (SCALE, the weight) or t + p (the
+    bias). Two separate launches, as two separate eager ops would be."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     t = tl.load(t_ptr + offs, mask=mask).to(tl.float32)
-    w = tl.load(w_ptr + offs % n_cols, mask=mask).to(tl.float32)
-    tl.store(out_ptr + offs, (t * w).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _shift_kernel(t_ptr, b_ptr, out_ptr, n, n_cols, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    t = tl.load(t_ptr + offs, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + offs % n_cols, mask=mask).to(tl.float32)
-    tl.store(out_ptr + offs, (t + b).to(out_ptr.dtype.element_ty), mask=mask)
+    p = tl.load(p_ptr + offs % n_cols, mask=mask).to(tl.float32)
+    out = t * p if SCALE else t + p
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -774,11 +769,11 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
     _normalise_kernel[(n_rows, cdiv(n_cols, block))](
         rows, mean, var, t, n_cols, rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
     n = x.numel()
-    for kernel, p in ((_scale_kernel, weight), (_shift_kernel, bias)):
+    for scale, p in ((True, weight), (False, bias)):
         if p is not None:
             out = empty(x.shape, x.dtype, x.device)
-            kernel[(cdiv(n, block),)](t, p, out, n, n_cols, BLOCK=block,
-                                             num_warps=num_warps)
+            _column_op_kernel[(cdiv(n, block),)](t, p, out, n, n_cols, SCALE=scale, BLOCK=block,
+                                                 num_warps=num_warps)
             t = out
     return t
 

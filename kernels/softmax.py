@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, cdiv, default_warps, empty, next_pow2
+from ._common import as_rows, cdiv, default_warps, empty, interpreting, next_pow2
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
@@ -245,8 +245,6 @@ def coop_splits(n_cols: int, itemsize: int, device=None, block: int = COOP_BLOCK
     of `block` elements (in registers), and that one chunk per SM fits COOP_L2_BUDGET; at most
     MAX_COOP_SPLITS. Under the interpreter programs run one after another, so a row cannot be
     shared (1)."""
-    from ._common import interpreting
-
     if interpreting():
         return 1
     sms = _sm_count(device)

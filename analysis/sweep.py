@@ -24,7 +24,7 @@ import torch
 from kernels import poisoned_outputs
 
 from . import schema
-from .timing import bench, graph_ms, peak_mib
+from .timing import bench, device_ms, peak_mib
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Variant:
     # A variant that computes something else than the problem (e.g. the matmul alone, to show
     # what the epilogue costs) is checked against its own float64 reference.
     reference: Callable | None = None
-    # What ms_graph replays where fn cannot be captured: the same kernels called directly (the
+    # What ms_device replays where fn cannot be captured: the same kernels called directly (the
     # autograd engine runs a backward on another thread, outside the capture). Checked against
     # the reference like fn.
     graph_fn: Callable | None = None
@@ -58,10 +58,10 @@ class Problem:
     flops_model: float
     tolerance: float
     variants: list[Variant] = field(default_factory=list)
-    # Also time under CUDA-graph replay (ms_graph). Only for calls that can be captured (plain
-    # forward calls, or every variant with a graph_fn): a capture that fails (autograd, host syncs)
-    # can leave the CUDA RNG in capture state and break what follows.
-    graph: bool = False
+    # Also time the GPU alone (ms_device: CUDA-graph replay, L2 flushed before each call). Off only
+    # where a variant can be captured neither as fn nor as a graph_fn: a capture that fails
+    # (autograd, host syncs) can leave the CUDA RNG in capture state and break what follows.
+    graph: bool = True
 
 
 class Compiled:
@@ -176,14 +176,18 @@ def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> 
     row = dict(base, status="ok", max_rel_err=err, peak_mib=peak, **timing)
     if problem.graph:
         graph_fn = variant.graph_fn or variant.fn
-        row["ms_graph"] = graph_ms(lambda: graph_fn(*inputs), device)
+        row["ms_device"] = device_ms(lambda: graph_fn(*inputs), device, estimate_ms=ms)
     row["gbps"] = problem.bytes_model / ms / 1e6
     row["tflops"] = problem.flops_model / ms / 1e9
     copy_bw = limits.get(("copy_bw", "ieee"))
-    peak_tf = limits.get(("matmul_peak", problem.precision))
+    peak_tf = limits.get(("matmul_peak", PEAK_PRECISION.get(problem.precision, problem.precision)))
     row["pct_copy_bw"] = 100 * row["gbps"] / copy_bw if copy_bw else None
     row["pct_matmul_peak"] = 100 * row["tflops"] / peak_tf if peak_tf else None
     return row
+
+
+# The limits name a matmul precision by its short label; rows name half precisions by dtype.
+PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def limits_lookup(limit_rows: list[dict]) -> dict:

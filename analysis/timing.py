@@ -2,7 +2,9 @@
 
 On CUDA: `triton.testing.do_bench` (warm-up first, L2 flushed before every repetition, device
 events around each call), keeping all samples to report median, mean, std and min.
-On the CPU (the interpreter smoke run) a few wall-clock repetitions: pipeline checks, not numbers.
+`device_ms` takes the host out: the calls replayed from a CUDA graph, L2 flushed before each,
+each timed by events inside the graph. On the CPU (the interpreter smoke run) a few wall-clock
+repetitions: pipeline checks, not numbers.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import torch
 
 WARMUP_MS = 25
 REP_MS = 100
+FLUSH_BYTES = 256 * 2**20  # what do_bench writes to flush the L2 (50 MB on an H100)
+DEVICE_REPS = (10, 200)  # calls per graph: at least, at most
+DEVICE_GRAPH_MS = 40  # aim for about this much GPU work per graph replay
 
 
 def summarize(times_ms: list[float]) -> dict:
@@ -66,5 +71,43 @@ def graph_ms(fn, device: torch.device) -> float | None:
     try:
         return float(do_bench_cudagraph(fn, rep=20, return_mode="median"))
     except Exception:  # noqa: BLE001 - not capturable (host sync, dynamic allocation, ...)
+        torch.cuda.synchronize(device)
+        return None
+
+
+def device_ms(fn, device: torch.device, estimate_ms: float | None = None) -> float | None:
+    """Median GPU time of one cold call, without the host: a CUDA graph of N groups (write
+    FLUSH_BYTES to flush the L2, event, call, event) replayed twice, the first replay discarded.
+    Unlike `graph_ms` an input smaller than the L2 is read from memory, as in `bench`. None where
+    the call cannot be captured (host syncs, the autograd engine's thread)."""
+    if device.type != "cuda":
+        return None
+    per_call = max(estimate_ms or 1.0, 0.005)
+    reps = int(min(max(DEVICE_GRAPH_MS / per_call, DEVICE_REPS[0]), DEVICE_REPS[1]))
+    cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(reps)]
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for start, end in zip(starts, ends):
+                cache.zero_()
+                start.record()
+                fn()
+                end.record()
+        times = []
+        for replay in range(2):
+            graph.replay()
+            torch.cuda.synchronize(device)
+            if replay:
+                times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        del graph
+        return statistics.median(times)
+    except Exception:  # noqa: BLE001 - not capturable
         torch.cuda.synchronize(device)
         return None

@@ -94,3 +94,19 @@ def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
     assert set(df["sweep"]) == {"size", "block"}
     assert pq.read_table(out / "limits.parquet").num_rows >= 1
     assert "triton_fused" in capsys.readouterr().out  # the summary table
+
+
+def test_half_precision_rows_get_the_matmul_peak(device):
+    """The limits name the fp16/bf16 matmul peaks by their short label; rows by dtype."""
+    from analysis.sweep import limits_lookup, measure
+
+    problem = Problem(
+        family="elementwise", op="add_mul", dtype=torch.float16, precision="float16",
+        shape=dict(n=8, z_kind="scalar"), make_inputs=None, reference=None, bytes_model=64,
+        flops_model=8, tolerance=1e-3, graph=False)
+    x = torch.randn(8, device=device, dtype=torch.float16)
+    limits = limits_lookup([dict(metric="matmul_peak", precision="fp16", value=500.0),
+                            dict(metric="copy_bw", precision="ieee", value=3000.0)])
+    row = measure(problem, Variant("torch_eager", lambda t: t * 2), (x,), x.double() * 2, device,
+                  limits)
+    assert row["status"] == "ok" and row["pct_matmul_peak"] > 0 and row["pct_copy_bw"] > 0

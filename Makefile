@@ -24,11 +24,12 @@ BENCH_OUT ?= results/runs/$(RUN_ID)
 RESULTS ?= $(REFERENCE)
 BENCH_ARGS ?=
 OUTPUT_DIR := _output
+BOOK_PDF := kernel-fusion-in-triton.pdf
 
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test bench seed002 render report clean
+.PHONY: help setup test test-report bench seed002 render report clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
@@ -65,23 +66,38 @@ seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }
 	$(RUN_PY) -m analysis.seed002 --out $(BENCH_OUT)
 
-render: setup ## render the report (HTML + PDF in _output/) from RESULTS (default: the reference)
-	@test -f $(RESULTS)/limits.parquet || { echo "render: no results in $(RESULTS)"; exit 1; }
-	@q=$$(command -v quarto || true); \
+# Quarto: from the PATH, else the venv's, else `pip install quarto-cli` into the venv; sets q.
+FIND_QUARTO = q=$$(command -v quarto || true); \
 	if [ -z "$$q" ] && [ -x $(VENV)/bin/quarto ]; then q=$(VENV)/bin/quarto; fi; \
 	if [ -z "$$q" ] && [ -x $(VENV)/bin/pip ]; then \
-	  echo "render: quarto not found; trying 'pip install quarto-cli' into $(VENV)"; \
-	  $(VENV)/bin/pip install -q quarto-cli && [ -x $(VENV)/bin/quarto ] && q=$(VENV)/bin/quarto; \
-	fi; \
-	if [ -z "$$q" ]; then \
-	  echo "render: Quarto (>= 1.4) is needed to render the report and could not be installed."; \
-	  echo "        Install it from https://quarto.org/docs/get-started/ (or 'pip install quarto-cli'"; \
-	  echo "        where PyPI is reachable), then run 'make render' again."; exit 1; \
-	fi; \
+	  echo "quarto not found; trying 'pip install quarto-cli' into $(VENV)"; \
+	  $(VENV)/bin/pip install -q quarto-cli 2>/dev/null && [ -x $(VENV)/bin/quarto ] && q=$(VENV)/bin/quarto; \
+	fi
+NO_QUARTO = "Quarto (>= 1.4) is needed to render the report and could not be found or installed.\n\
+  Install it from https://quarto.org/docs/get-started/ (or 'pip install quarto-cli' where PyPI\n\
+  is reachable), put it on the PATH, then run this again."
+
+render: setup ## render the book (_output/index.html and one PDF) from RESULTS (default: the reference)
+	@test -f $(RESULTS)/limits.parquet || { echo "render: no results in $(RESULTS)"; exit 1; }
+	@$(FIND_QUARTO); \
+	if [ -z "$$q" ]; then printf "render: $(NO_QUARTO)\n"; exit 1; fi; \
 	echo "render: $$q, results from $(RESULTS)"; \
 	rm -rf $(OUTPUT_DIR); \
-	FUSION_RESULTS=$(abspath $(RESULTS)) QUARTO_PYTHON=$$(command -v $(RUN_PY) || echo $(abspath $(RUN_PY))) \
-	  "$$q" render && echo "report: $(OUTPUT_DIR)/index.html and $(OUTPUT_DIR)/*.pdf"
+	py=$$(case "$(RUN_PY)" in */*) echo "$(abspath $(RUN_PY))";; *) command -v $(RUN_PY);; esac); \
+	cache=$$($$py -c "import jupyter_cache" 2>/dev/null && echo --cache); \
+	jc=$$(mktemp -d); trap 'rm -rf "$$jc"' EXIT; \
+	cd report && FUSION_RESULTS=$(abspath $(RESULTS)) QUARTO_PYTHON=$$py JUPYTERCACHE=$$jc \
+	  "$$q" render $$cache && \
+	echo "report: $(OUTPUT_DIR)/index.html and $(OUTPUT_DIR)/$(BOOK_PDF)"
+
+test-report: setup ## render the book from RESULTS and test the output (links, cross-references, figures, PDF)
+	@$(FIND_QUARTO); \
+	if [ -z "$$q" ]; then \
+	  if [ "$${CI:-}" = true ]; then printf "test-report: FAILED: $(NO_QUARTO)\n"; exit 1; fi; \
+	  printf "test-report: SKIPPED: $(NO_QUARTO)\n"; exit 0; \
+	fi; \
+	PATH=$$(dirname $$q):$$PATH $(MAKE) --no-print-directory render RESULTS=$(RESULTS) && \
+	RENDERED_OUTPUT=$(abspath $(OUTPUT_DIR)) $(RUN_PY) -m pytest -q tests/test_rendered.py
 
 report: setup ## GPU: test, bench, render the fresh run. No GPU: render the committed reference
 	@if $(HAS_GPU); then \
@@ -94,4 +110,4 @@ report: setup ## GPU: test, bench, render the fresh run. No GPU: render the comm
 	fi
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
-	rm -rf $(VENV) $(OUTPUT_DIR) .quarto results/runs .pytest_cache
+	rm -rf $(VENV) $(OUTPUT_DIR) report/.quarto results/runs .pytest_cache

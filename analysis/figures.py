@@ -1,6 +1,9 @@
 """The report's figures. Each function takes tidy rows and returns a matplotlib Figure."""
 from __future__ import annotations
 
+import functools
+import inspect
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -18,6 +21,33 @@ STYLE = {
 }
 
 
+NO_DATA = ("No timed rows for this figure in this results folder\n"
+           "(a run on the CPU, or configurations that failed): see the chapter's data line.")
+
+
+def no_data(text: str = NO_DATA) -> plt.Figure:
+    """A figure that says what is missing, where a figure of the data would be empty."""
+    fig, ax = plt.subplots(figsize=(7, 1.6))
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=10, wrap=True)
+    ax.set_axis_off()
+    return fig
+
+
+def _or_no_data(plot):
+    """Draw the figure, or `no_data()` where the rows hold no finite value of y."""
+    signature = inspect.signature(plot)
+
+    @functools.wraps(plot)
+    def draw(df, *args, **kwargs):
+        y = signature.bind(df, *args, **kwargs)
+        y.apply_defaults()
+        y = y.arguments["y"]
+        if df is None or len(df) == 0 or y not in df or not df[y].notna().any():
+            return no_data()
+        return plot(df[df[y].notna()], *args, **kwargs)
+    return draw
+
+
 def _impls(df):
     present = set(df["impl"])
     return [i for i in IMPL_ORDER if i in present] + sorted(present - set(IMPL_ORDER))
@@ -27,6 +57,7 @@ def _log2_axis(ax):
     ax.set_xscale("log", base=2)
 
 
+@_or_no_data
 def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str, ylabel: str,
                   logy: bool = True, hline: float | None = None, hline_label: str | None = None,
                   panel_title=lambda v: str(v)) -> plt.Figure:
@@ -59,6 +90,7 @@ def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str,
     return fig
 
 
+@_or_no_data
 def block_sweep(df: pd.DataFrame, x: str = "block", y: str = "gbps", size_col: str = "n",
                 hline: float | None = None, size_label=str) -> plt.Figure:
     """Achieved bandwidth against block size, one panel per problem size, one line per impl and
@@ -86,6 +118,7 @@ def block_sweep(df: pd.DataFrame, x: str = "block", y: str = "gbps", size_col: s
     return fig
 
 
+@_or_no_data
 def sweep_lines(df: pd.DataFrame, x: str, y: str, panels: str, lines: str, *, xlabel: str,
                 ylabel: str, hline: float | None = None, panel_title=str,
                 logx: bool = True) -> plt.Figure:

@@ -2,7 +2,10 @@
 from, and small helpers (markdown tables, formatting). Thin cells, logic here, tested here."""
 from __future__ import annotations
 
+import functools
+import math
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -41,10 +44,28 @@ def data_file(results: Path, name: str) -> Path:
     return path if path.exists() else REFERENCE / name
 
 
+# What a run on the CPU (Triton's interpreter) measures is the interpreter's wall clock: not a time.
+TIMING_COLUMNS = ["ms_median", "ms_mean", "ms_std", "ms_min", "ms_graph", "ms_device", "gbps",
+                  "tflops", "pct_copy_bw", "pct_matmul_peak", "peak_mib"]
+
+
+def on_cpu(df: pd.DataFrame) -> bool:
+    return len(df) > 0 and str(df["gpu"].iloc[0]).startswith("cpu")
+
+
 def load(results: Path, family: str) -> pd.DataFrame:
+    """A family's rows. Rows measured on the CPU keep their correctness check but lose their
+    timings (NaN): the chapters then say so instead of plotting the interpreter's speed."""
     path = data_file(results, f"{family}.parquet")
     df = pd.read_parquet(path)
+    if "ms_device" not in df:
+        df["ms_device"] = float("nan")  # data from before device time was measured
+    if on_cpu(df):
+        for column in TIMING_COLUMNS:
+            if column in df:
+                df[column] = float("nan")
     df.attrs["from_reference"] = path.parent.resolve() != Path(results).resolve()
+    df.attrs["on_cpu"] = on_cpu(df)
     return df
 
 
@@ -73,6 +94,17 @@ def data_line(**frames: pd.DataFrame) -> "Markdown":
     if fallback:
         text += (" This results folder has no data for " + ", ".join(fallback)
                  + ": those figures come from the committed reference.")
+    cpu = [name for name, df in frames.items() if df.attrs.get("on_cpu")]
+    if cpu:
+        text += (" The " + ", ".join(cpu) + " rows were run on the CPU through Triton's "
+                 "interpreter: every output was checked against float64, but nothing was timed, "
+                 "so the figures and values that need a time are empty (shown as —).")
+    for name, df in frames.items():
+        failed = df[df["status"] != "ok"]
+        if len(failed):
+            counts = ", ".join(f"{n} {status}" for status, n in failed["status"].value_counts().items())
+            text += (f" {len(failed)} of the {len(df)} {name} rows failed ({counts}): they are "
+                     "missing from the figures, and values that need them are shown as —.")
     return Markdown(text)
 
 
@@ -127,11 +159,13 @@ def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
 
 def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "Markdown":
     """A pipe table (Quarto renders it in HTML and typst alike), with no extra dependency."""
+    if df is MISSING or len(df) == 0:
+        return Markdown("| data |\n|:---|\n| none in this results folder |")
     if index:
         df = df.reset_index()
     def cell(v):
         if isinstance(v, float):
-            return "" if pd.isna(v) else format(v, floatfmt)
+            return "—" if pd.isna(v) else format(v, floatfmt)
         return str(v)
     head = "| " + " | ".join(map(str, df.columns)) + " |"
     rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else ":---"
@@ -143,6 +177,8 @@ def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "M
 def pow2(n: int, plot: bool = False) -> str:
     """2^k for exact powers of two (markdown superscript, or mathtext for a plot), else the number
     with thousands separators."""
+    if missing(n):
+        return "—"
     n = int(n)
     if n > 0 and n & (n - 1) == 0:
         k = n.bit_length() - 1
@@ -151,7 +187,81 @@ def pow2(n: int, plot: bool = False) -> str:
 
 
 def tbps(gbps: float) -> str:
-    return f"{gbps / 1000:.2f} TB/s"
+    return "—" if missing(gbps) else f"{gbps / 1000:.2f} TB/s"
+
+
+def missing(value) -> bool:
+    """A value the data does not hold: NaN, None or `MISSING`."""
+    if value is None or value is MISSING:
+        return True
+    try:
+        return math.isnan(value)
+    except TypeError:
+        return False
+
+
+class _Missing:
+    """What a chapter's findings hold where the data lacks what they need (a smoke run, a failed
+    configuration): every lookup, operation and format gives it back, shown as "—", so a chapter
+    renders what there is instead of crashing."""
+
+    def _same(self, *args, **kwargs):
+        return self
+
+    __getitem__ = __getattr__ = __call__ = _same
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
+    __truediv__ = __rtruediv__ = __neg__ = __pow__ = _same
+
+    def __format__(self, spec):
+        return "—"
+
+    def __str__(self):
+        return "—"
+
+    __repr__ = __str__
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 0
+
+    def __bool__(self):
+        return False
+
+    def __float__(self):
+        return math.nan
+
+    def __lt__(self, other):
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+
+MISSING = _Missing()
+
+
+class Values(dict):
+    """A dict of findings whose absent keys read as MISSING."""
+
+    def __missing__(self, key):
+        return MISSING
+
+
+def _tolerant(value):
+    if isinstance(value, dict) and not isinstance(value, Values):
+        return Values({k: _tolerant(v) for k, v in value.items()})
+    return value
+
+
+def findings_or_missing(findings, *args, **kwargs):
+    """`findings(*args)` with every dict in it reading absent keys as MISSING, or MISSING where
+    the data lacks a configuration it reads (KeyError, IndexError: a smoke run's sizes, a family
+    whose headline rows failed)."""
+    try:
+        return _tolerant(findings(*args, **kwargs))
+    except (KeyError, IndexError, ValueError, ZeroDivisionError):
+        return MISSING
 
 
 class Markdown(str):
@@ -163,17 +273,16 @@ class Markdown(str):
         return str(self)
 
 
+_NAN = re.compile(r"(?<![\w.])-?(nan|inf)(?![\w])", re.I)
+
+
 def md(value, fmt: str | None = None) -> Markdown:
-    """Format a value for inline use in prose: `{python} md(x, '.2f')`."""
-    return Markdown(format(value, fmt) if fmt else str(value))
-
-
-def targets(rows: list[dict]) -> pd.DataFrame:
-    """The target table of a chapter: one row per target with what was wanted, what this data
-    measured, and whether it holds ("**no**" in bold where it does not)."""
-    t = pd.DataFrame(rows, columns=["target", "at", "wanted", "measured", "met"])
-    t["met"] = t["met"].map(lambda ok: "yes" if ok else ("**no**" if ok is not None else "n/a"))
-    return t
+    """Format a value for inline use in prose: `{python} md(x, '.2f')`. A value the data lacks
+    (NaN, inf, MISSING), also inside an already formatted string, shows as "—"."""
+    if missing(value) or (isinstance(value, str) and not value.strip()):
+        return Markdown("—")
+    text = format(value, fmt) if fmt else str(value)
+    return Markdown(_NAN.sub("—", text))
 
 
 def value_at(df: pd.DataFrame, impl: str, column: str = "ms_median", **where) -> float:

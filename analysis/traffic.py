@@ -21,6 +21,7 @@ class Kernel:
     name: str
     read: int  # bytes
     written: int  # bytes
+    flops: float = 0  # the kernel's matmul FLOPs (elementwise work is left out: never the limit)
 
     @property
     def total(self) -> int:
@@ -119,9 +120,10 @@ def total(kernels: list[Kernel]) -> int:
 def softmax_matmul_kernels(batch, d1, d2, d3, itemsize, impl) -> list[Kernel]:
     """Unfused: P = softmax(X) is written (x's dtype) and read back by the matmul; fused: never."""
     x, v, o = batch * d1 * d2 * itemsize, batch * d2 * d3 * itemsize, batch * d1 * d3 * itemsize
+    mm = 2 * batch * d1 * d2 * d3
     if impl in UNFUSED_IMPLS:
-        return [Kernel("P = softmax(X)", x, x), Kernel("O = P @ V", x + v, o)]
-    return [Kernel("O = softmax(X) @ V", x + v, o)]
+        return [Kernel("P = softmax(X)", x, x), Kernel("O = P @ V", x + v, o, mm)]
+    return [Kernel("O = softmax(X) @ V", x + v, o, mm)]
 
 
 def softmax_matmul_flops(batch, d1, d2, d3) -> int:
@@ -132,11 +134,12 @@ def attention_kernels(batch, heads, seq, head_dim, itemsize, impl, score_bytes=4
     """Naive (materialised) attention writes and reads the batch*heads*seq^2 scores S and
     probabilities P (float32 in the PyTorch reference); fused reads Q, K, V and writes O only."""
     qkv = batch * heads * seq * head_dim * itemsize
+    mm = 2 * batch * heads * seq * seq * head_dim  # one of the two products, non-causal
     if impl in ("torch_eager", "triton_unfused"):
         s = batch * heads * seq * seq * score_bytes
-        return [Kernel("S = Q K^T", 2 * qkv, s), Kernel("P = softmax(S)", s, s),
-                Kernel("O = P V", s + qkv, qkv)]
-    return [Kernel("O = attention(Q, K, V)", 3 * qkv, qkv)]
+        return [Kernel("S = Q K^T", 2 * qkv, s, mm), Kernel("P = softmax(S)", s, s),
+                Kernel("O = P V", s + qkv, qkv, mm)]
+    return [Kernel("O = attention(Q, K, V)", 3 * qkv, qkv, 2 * mm)]
 
 
 def attention_flops(batch, heads, seq, head_dim, causal: bool) -> float:
@@ -153,17 +156,18 @@ def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None) -> list[Kernel]
     "two_pass_store" writes the logits into the output and rewrites them in place."""
     x, w, b, o = B * K * itemsize, K * C * itemsize, C * itemsize, B * C * itemsize
     stats = B * 4 * 2
+    mm = 2 * B * K * C
     if impl == "cublas":
-        return [Kernel("logits = x @ W + b", x + w + b, o)]
+        return [Kernel("logits = x @ W + b", x + w + b, o, mm)]
     if impl in UNFUSED_IMPLS:
-        return [Kernel("logits = x @ W + b", x + w + b, o), Kernel("softmax(logits)", o, o)]
+        return [Kernel("logits = x @ W + b", x + w + b, o, mm), Kernel("softmax(logits)", o, o)]
     if method == "online":
-        return [Kernel("pass 1: logits tiles -> row max, sum", x + w + b, stats),
-                Kernel("pass 2: recompute logits, write probs", x + w + b + stats, o)]
+        return [Kernel("pass 1: logits tiles -> row max, sum", x + w + b, stats, mm),
+                Kernel("pass 2: recompute logits, write probs", x + w + b + stats, o, mm)]
     if method == "two_pass_store":
-        return [Kernel("pass 1: logits -> out, row max, sum", x + w + b, o + stats),
+        return [Kernel("pass 1: logits -> out, row max, sum", x + w + b, o + stats, mm),
                 Kernel("pass 2: normalise in place", o + stats, o)]
-    return [Kernel("softmax(x @ W + b)", x + w + b, o)]
+    return [Kernel("softmax(x @ W + b)", x + w + b, o, mm)]
 
 
 def matmul_softmax_flops(B, K, C) -> int:
@@ -172,8 +176,9 @@ def matmul_softmax_flops(B, K, C) -> int:
 
 def linear_act_kernels(M, K, N, itemsize, impl) -> list[Kernel]:
     x, w, b, o = M * K * itemsize, K * N * itemsize, N * itemsize, M * N * itemsize
+    mm = 2 * M * K * N
     if impl == "cublas":
-        return [Kernel("x @ W", x + w, o)]
+        return [Kernel("x @ W", x + w, o, mm)]
     if impl in UNFUSED_IMPLS:
-        return [Kernel("h = x @ W + b", x + w + b, o), Kernel("act(h)", o, o)]
-    return [Kernel("act(x @ W + b)", x + w + b, o)]
+        return [Kernel("h = x @ W + b", x + w + b, o, mm), Kernel("act(h)", o, o)]
+    return [Kernel("act(x @ W + b)", x + w + b, o, mm)]

@@ -51,5 +51,6 @@ def run_cell(code: str, namespace: dict):
 
 
 def chapters(root: Path) -> list[Path]:
-    config = yaml.safe_load((root / "_quarto.yml").read_text())
-    return [root / p for p in config["project"]["render"]]
+    """The book's chapters, in order (report/_quarto.yml)."""
+    config = yaml.safe_load((root / "report" / "_quarto.yml").read_text())
+    return [root / "report" / p for p in config["book"]["chapters"]]

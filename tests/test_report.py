@@ -24,15 +24,69 @@ CHAPTERS = chapters(ROOT)
 
 def test_every_chapter_is_rendered():
     on_disk = set((ROOT / "report").glob("*.qmd"))
-    assert on_disk == set(CHAPTERS), "a .qmd in report/ is missing from _quarto.yml or vice versa"
+    assert on_disk == set(CHAPTERS), "a .qmd in report/ is missing from report/_quarto.yml or vice versa"
 
 
+SMOKE = ROOT / "tests" / "data" / "smoke"  # `python -m analysis --grid smoke` on a CPU
+
+
+def _folder_with_failed_rows(tmp: Path) -> Path:
+    """The reference, with every row at each family's largest size turned into an OOM row."""
+    import shutil
+
+    import pandas as pd
+
+    from analysis.schema import FAMILY_SHAPES
+
+    for path in R.REFERENCE.iterdir():
+        shutil.copy(path, tmp / path.name)
+    for family, shape in FAMILY_SHAPES.items():
+        df = pd.read_parquet(tmp / f"{family}.parquet")
+        size = next(c for c in shape if pd.api.types.is_numeric_dtype(df[c]))
+        hit = df[size] == df[size].max()
+        df.loc[hit, "status"] = "oom"
+        df.loc[hit, "error"] = "torch.OutOfMemoryError: CUDA out of memory (test)"
+        df.loc[hit, R.TIMING_COLUMNS + ["max_rel_err"]] = float("nan")
+        df.to_parquet(tmp / f"{family}.parquet")
+    return tmp
+
+
+def _folder_missing_families(tmp: Path) -> Path:
+    """A smoke run of some families only: the others come from the reference, and say so."""
+    import shutil
+
+    for name in ("limits", "elementwise", "layernorm", "matmul_softmax"):
+        shutil.copy(SMOKE / f"{name}.parquet", tmp / f"{name}.parquet")
+    return tmp
+
+
+DATASETS = {
+    "reference": lambda tmp: R.REFERENCE,
+    "smoke": lambda tmp: SMOKE,
+    "families_missing": _folder_missing_families,
+    "failed_rows": _folder_with_failed_rows,
+}
+
+
+def test_smoke_fixture_matches_the_schema():
+    """tests/data/smoke is what `python -m analysis --grid smoke` writes on a CPU; regenerate it
+    (`make smoke-data`) when the schema changes."""
+    import pyarrow.parquet as pq
+
+    from analysis.schema import FAMILY_SHAPES, family_schema
+
+    for family in FAMILY_SHAPES:
+        names = pq.read_schema(SMOKE / f"{family}.parquet").names
+        assert names == family_schema(family).names, f"{family}: run `make smoke-data`"
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
 @pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
-def test_chapter_cells_run(qmd, tmp_path, monkeypatch):
+def test_chapter_cells_run(qmd, dataset, tmp_path, monkeypatch):
+    folder = DATASETS[dataset](tmp_path)
     monkeypatch.chdir(qmd.parent)  # Quarto runs a chapter's cells from its own folder
-    # REPORT_TEST_RESULTS: try the chapters on another results folder (default: the reference).
-    monkeypatch.setenv("FUSION_RESULTS", os.environ.get("REPORT_TEST_RESULTS", str(R.REFERENCE)))
-    figures_dir = Path(os.environ.get("REPORT_FIGURES_DIR", tmp_path))
+    monkeypatch.setenv("FUSION_RESULTS", str(folder))
+    figures_dir = Path(os.environ.get("REPORT_FIGURES_DIR", tmp_path / "figures")) / dataset
     figures_dir.mkdir(parents=True, exist_ok=True)
     text = qmd.read_text()
     chunks = cells(text)
@@ -59,9 +113,12 @@ def test_chapter_cells_run(qmd, tmp_path, monkeypatch):
         value = eval(expr, namespace)
         shown = str(value)
         assert shown.strip(), f"{qmd.name}: `{expr}` renders empty"
-        assert "nan" not in shown.lower() and "None" not in shown, f"{qmd.name}: `{expr}` -> {shown}"
+        assert not re.search(r"\b(nan|inf)\b", shown, re.I) and "None" not in shown, \
+            f"{qmd.name}: `{expr}` -> {shown}"
         if isinstance(value, float):
             assert math.isfinite(value)
+        if dataset == "reference":
+            assert "—" not in shown, f"{qmd.name}: `{expr}` lacks data in the reference"
 
 
 NUMBER_WITH_UNIT = re.compile(
@@ -75,13 +132,24 @@ def test_prose_types_no_measured_numbers(qmd):
     assert not NUMBER_WITH_UNIT.findall(text), NUMBER_WITH_UNIT.search(text).group(0)
 
 
+def _labels(qmd: Path) -> list[str]:
+    """The cross-reference targets a chapter defines: its cells' labels and its headings' ids."""
+    text = qmd.read_text()
+    return ([str(c.options["label"]) for c in cells(text) if "label" in c.options]
+            + re.findall(r"^#+ .*\{#((?:sec)-[A-Za-z0-9_-]+)", prose(text), re.M))
+
+
+def test_cross_reference_labels_are_unique_across_the_book():
+    seen = [label for qmd in CHAPTERS for label in _labels(qmd)]
+    assert len(seen) == len(set(seen)), sorted(l for l in seen if seen.count(l) > 1)
+
+
 @pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
 def test_cross_references_resolve(qmd):
-    """Every @fig-/@tbl- reference in the prose names a labelled cell of the same chapter."""
-    text = qmd.read_text()
-    labels = {str(c.options.get("label")) for c in cells(text)}
-    for ref in re.findall(r"@((?:fig|tbl)-[A-Za-z0-9_-]+)", prose(text)):
-        assert ref.rstrip(".-") in labels, f"{qmd.name}: @{ref} has no cell"
+    """Every @fig-/@tbl-/@sec- reference in the prose names a label somewhere in the book."""
+    labels = {label for chapter in CHAPTERS for label in _labels(chapter)}
+    for ref in re.findall(r"@((?:fig|tbl|sec)-[A-Za-z0-9_-]+)", prose(qmd.read_text())):
+        assert ref.rstrip(".-") in labels, f"{qmd.name}: @{ref} has no target"
 
 
 def test_partial_results_fall_back_to_the_reference(tmp_path, monkeypatch):

@@ -1,0 +1,295 @@
+"""The synthesis chapter's numbers: every family at its headline size, the roofline model's
+predicted speedup of fusion against the measured one, and each implementation's distance to the
+machine's limits. The chapters of the families use `distance_table` for their own cases.
+
+Times are device times (`ms_device`: CUDA-graph replay, L2 flushed before each call) where the row
+has one, else the per-call median: the model predicts the GPU's work, not the host's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from . import report as R
+from . import traffic
+
+# Whole implementations of an op by a library (cuBLAS rows are the matmul alone: a reference
+# point, not an implementation of the fused op).
+LIBRARIES = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+# Rows name half precisions by dtype, the limits by their short label.
+PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def device_time(df: pd.DataFrame) -> pd.Series:
+    """ms per call of each row: the device time where measured, else the per-call median."""
+    if "ms_device" not in df:
+        return df["ms_median"]
+    return df["ms_device"].fillna(df["ms_median"])
+
+
+def peak_of(limits: pd.DataFrame, precision: str, run_id: str) -> float:
+    return R.limit(limits, "matmul_peak", PEAK_PRECISION.get(precision, precision), run_id=run_id)
+
+
+def model_ms(kernels: list[traffic.Kernel], copy_gbps: float, peak_tflops: float) -> float:
+    """The roofline model of a chain of kernels: each kernel takes max(bytes / bandwidth,
+    FLOPs / peak), and the chain the sum over its launches (ms)."""
+    return sum(max(k.total / copy_gbps / 1e6, k.flops / peak_tflops / 1e9 if k.flops else 0.0)
+               for k in kernels)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family at one size: where its rows are, and its kernels unfused and fused."""
+    family: str
+    label: str
+    where: dict
+    unfused: list
+    fused: list
+    flops: float
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+
+
+def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
+    """Every size-sweep configuration of a family that the traffic model covers, as a Case."""
+    keys = {
+        "elementwise": ["dtype", "n", "z_kind"],
+        "softmax": ["dtype", "rows", "width"],
+        "layernorm": ["dtype", "rows", "width", "direction"],
+        "softmax_matmul": ["dtype", "precision", "batch", "d1", "d2", "d3"],
+        "attention": ["dtype", "batch", "heads", "seq", "head_dim", "causal"],
+        "matmul_softmax": ["dtype", "precision", "m", "k", "n"],
+        "linear_act": ["dtype", "precision", "m", "k", "n", "activation"],
+    }[family]
+    rows = df[(df["sweep"] == "size")].drop_duplicates(keys)
+    out = []
+    for r in rows.itertuples(index=False):
+        e = _itemsize(r.dtype)
+        where = {k: getattr(r, k) for k in keys}
+        if family == "elementwise":
+            u = traffic.add_mul_kernels(r.n, e, r.z_kind, fused=False)
+            f = traffic.add_mul_kernels(r.n, e, r.z_kind, fused=True)
+            label = f"add-mul {r.dtype} n={R.pow2(r.n)} z {r.z_kind}"
+            flops = traffic.add_mul_flops(r.n)
+        elif family == "softmax":
+            u = traffic.softmax_kernels(r.rows, r.width, e, "triton_unfused")
+            f = traffic.softmax_kernels(r.rows, r.width, e, "triton_fused")
+            label = f"softmax {r.dtype} {r.rows}×{r.width}"
+            flops = traffic.softmax_flops(r.rows, r.width)
+        elif family == "layernorm":
+            if r.direction != "fwd":
+                continue  # the unfused Triton version is a forward
+            u = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_unfused")
+            f = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_fused")
+            label = f"LayerNorm fwd {r.dtype} {r.rows}×{r.width}"
+            flops = traffic.layer_norm_flops(r.rows, r.width)
+        elif family == "softmax_matmul":
+            u = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_unfused")
+            f = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_fused")
+            label = f"softmax(X)@V {r.precision} d2={r.d2}"
+            flops = traffic.softmax_matmul_flops(r.batch, r.d1, r.d2, r.d3)
+        elif family == "attention":
+            if r.causal:
+                continue  # the model's kernels count the full square
+            u = traffic.attention_kernels(r.batch, r.heads, r.seq, r.head_dim, e, "triton_unfused")
+            f = traffic.attention_kernels(r.batch, r.heads, r.seq, r.head_dim, e, "triton_fused")
+            label = f"attention {r.dtype} S={r.seq} d={r.head_dim}"
+            flops = traffic.attention_flops(r.batch, r.heads, r.seq, r.head_dim, False)
+        elif family == "matmul_softmax":
+            u = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_unfused")
+            f = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_fused")
+            label = f"matmul+softmax {r.precision} {r.m}×{r.k}×{r.n}"
+            flops = traffic.matmul_softmax_flops(r.m, r.k, r.n)
+        else:
+            u = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_unfused")
+            f = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_fused")
+            label = f"linear+{r.activation} {r.precision} {r.m}×{r.k}×{r.n}"
+            flops = 2 * r.m * r.k * r.n
+        out.append(Case(family, label, where, u, f, flops))
+    return out
+
+
+def _select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
+    sel = df[(df["sweep"] == "size") & (df["status"] == "ok")]
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    return sel
+
+
+def times_of(df: pd.DataFrame, where: dict) -> dict:
+    """impl -> device time (ms) at one configuration (the fused impl's default path)."""
+    sel = _select(df, where)
+    sel = sel.assign(t=device_time(sel)).dropna(subset=["t"])
+    return sel.groupby("impl")["t"].min().to_dict()
+
+
+def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
+    """One row per family and size: the speedup of fused over unfused Triton that the roofline
+    model predicts, and the one measured (device times)."""
+    rows = []
+    for family, df in frames.items():
+        run = R.run_of(df)
+        bw = R.limit(limits, "copy_bw", run_id=run)
+        for case in cases_of(family, df):
+            t = times_of(df, case.where)
+            if "triton_fused" not in t or "triton_unfused" not in t:
+                continue
+            peak = peak_of(limits, case.where.get("precision", case.where["dtype"]), run) \
+                if any(k.flops for k in case.fused) else math.inf
+            predicted = model_ms(case.unfused, bw, peak) / model_ms(case.fused, bw, peak)
+            rows.append(dict(family=family, case=case.label, predicted=predicted,
+                             measured=t["triton_unfused"] / t["triton_fused"],
+                             fused_ms=t["triton_fused"]))
+    return pd.DataFrame(rows, columns=["family", "case", "predicted", "measured", "fused_ms"])
+
+
+# The size each family is summed up at: its largest configuration of the kind the chapter
+# headlines (the first of these present in the data is taken).
+HEADLINES = {
+    "elementwise": [dict(dtype="float32", z_kind="tensor", n=2**27)],
+    "softmax": [dict(dtype="float32", width=16384)],
+    "layernorm": [dict(dtype="float16", direction="fwd", width=16384)],
+    "softmax_matmul": [dict(precision="float16"), dict(precision="tf32")],
+    "attention": [dict(head_dim=128, seq=4096, causal=False)],
+    "matmul_softmax": [dict(precision="float16", m=4096, k=1024, n=128256),
+                       dict(precision="float16")],
+    "linear_act": [dict(precision="float16", m=8192), dict(precision="float16")],
+}
+FAMILY_LABEL = {
+    "elementwise": "add-mul", "softmax": "softmax", "layernorm": "LayerNorm fwd",
+    "softmax_matmul": "softmax(X)@V", "attention": "attention fwd",
+    "matmul_softmax": "matmul+softmax", "linear_act": "linear+GELU",
+}
+
+
+def headline(family: str, df: pd.DataFrame) -> Case | None:
+    """The family's headline case: the first HEADLINES entry the data has, at its largest size
+    where the entry leaves the size open."""
+    cases = cases_of(family, df)
+    for want in HEADLINES[family]:
+        hits = [c for c in cases if all(c.where.get(k) == v for k, v in want.items())
+                and "triton_fused" in times_of(df, c.where)]
+        if hits:
+            return max(hits, key=lambda c: c.flops)
+    return None
+
+
+def headline_table(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
+    """Per family at its headline size: bytes and launches unfused/fused (model), arithmetic
+    intensity, and the fused kernel's measured speedup over each baseline (their time / ours)."""
+    rows = []
+    for family, df in frames.items():
+        case = headline(family, df)
+        if case is None:
+            continue
+        t = times_of(df, case.where)
+        fused = t["triton_fused"]
+        libs = {k: v for k, v in t.items() if k in LIBRARIES}
+        best_lib = min(libs, key=libs.get) if libs else None
+        rows.append({
+            "family": FAMILY_LABEL[family], "case": case.label,
+            "MB unfused": traffic.total(case.unfused) / 1e6,
+            "MB fused": traffic.total(case.fused) / 1e6,
+            "launches unfused": len(case.unfused), "launches fused": len(case.fused),
+            "FLOP/byte": case.flops / traffic.total(case.fused),
+            "fused ms": fused,
+            "vs Triton unfused": t.get("triton_unfused", np.nan) / fused,
+            "vs eager": t.get("torch_eager", np.nan) / fused,
+            "vs torch.compile": t.get("torch_compile", np.nan) / fused,
+            "vs best library": libs[best_lib] / fused if best_lib else np.nan,
+            "best library": R.IMPL_LABEL.get(best_lib, "none measured") if best_lib else "none measured",
+            "_family": family,
+        })
+    return pd.DataFrame(rows)
+
+
+def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
+    """Every fused configuration: arithmetic intensity (FLOPs / model bytes) and attained
+    TFLOP/s, with the limits of its run and precision."""
+    rows = []
+    for family, df in frames.items():
+        sel = df[(df["sweep"] == "size") & (df["status"] == "ok") & (df["impl"] == "triton_fused")]
+        sel = sel.assign(t=device_time(sel)).dropna(subset=["t"])
+        if family == "attention":
+            sel = sel[~sel["causal"].astype(bool)]
+        run = R.run_of(df)
+        for r in sel.itertuples(index=False):
+            rows.append(dict(family=FAMILY_LABEL[family], precision=r.precision,
+                             intensity=r.flops_model / r.bytes_model,
+                             tflops=r.flops_model / r.t / 1e9,
+                             copy_gbps=R.limit(limits, "copy_bw", run_id=run),
+                             peak=peak_of(limits, r.precision, run)))
+    return pd.DataFrame(rows)
+
+
+def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The worst max |out - ref| / max |ref| against float64, per family, precision and impl, over
+    every configuration that ran."""
+    parts = []
+    for family, df in frames.items():
+        ok = df[df["status"] == "ok"].dropna(subset=["max_rel_err"])
+        parts.append(ok.assign(family=FAMILY_LABEL[family]))
+    if not parts:
+        return pd.DataFrame()
+    all_rows = pd.concat(parts)
+    t = all_rows.pivot_table(index=["family", "precision"], columns="impl", values="max_rel_err",
+                             aggfunc="max", sort=False)
+    order = [c for c in R.IMPL_ORDER if c in t.columns] + [c for c in t.columns if c not in R.IMPL_ORDER]
+    t = t[order]
+    t.columns = [R.IMPL_LABEL.get(c, c) for c in t.columns]
+    return t
+
+
+def conclusions(table: pd.DataFrame) -> dict[str, str]:
+    """Sentences from the headline table: where fusion pays, where torch.compile already fuses
+    it, where a library is already fused, where our kernel loses and by how much."""
+    def names(sel, column):
+        return ", ".join(f"{r.family} ({getattr(r, column):.2f}×)" for r in sel.itertuples()) or "none"
+
+    t = table.rename(columns=lambda c: c.replace(" ", "_").replace(".", "_"))
+    pays = t[(t["vs_Triton_unfused"] > 1.1) & (t["vs_eager"] > 1.0)]
+    compiled = t[t["vs_torch_compile"].between(0.9, 1.1) | (t["vs_torch_compile"] < 0.9)]
+    library = t[t["vs_best_library"] < 1.0]
+    baselines = t[["vs_eager", "vs_torch_compile", "vs_best_library"]].min(axis=1)
+    loses = t.assign(worst=baselines)[baselines < 1.0]
+    return dict(
+        pays=names(pays, "vs_Triton_unfused"),
+        compile_fuses=names(compiled, "vs_torch_compile"),
+        library_ahead=names(library, "vs_best_library"),
+        loses=", ".join(f"{r.family} ({1 / r.worst:.2f}× slower than the fastest baseline)"
+                        for r in loses.itertuples()) or "none",
+    )
+
+
+def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict],
+                   impls=("triton_fused",), bytes_column: str = "bytes_model") -> pd.DataFrame:
+    """How far each headline case is from its floor: floor = max(model bytes / copy bandwidth,
+    FLOPs / matmul peak) of the run, against the device time of each impl. `cases`: label ->
+    the column values that pick the configuration."""
+    run = R.run_of(df)
+    bw = R.limit(limits, "copy_bw", run_id=run)
+    rows = []
+    for label, where in cases.items():
+        sel = _select(df, where)
+        if not len(sel):
+            rows.append({"case": label, "impl": "—", "floor µs": np.nan, "µs": np.nan,
+                         "% of limit": np.nan, "bound by": "no data"})
+            continue
+        r = sel.iloc[0]
+        peak = peak_of(limits, r["precision"], run)
+        mem_ms = r[bytes_column] / bw / 1e6
+        flop_ms = r["flops_model"] / peak / 1e9 if peak == peak else 0.0
+        floor = max(mem_ms, flop_ms)
+        t = times_of(df, where)
+        for impl in impls:
+            rows.append({"case": label, "impl": R.IMPL_LABEL.get(impl, impl),
+                         "floor µs": floor * 1e3, "µs": t.get(impl, np.nan) * 1e3,
+                         "% of limit": 100 * floor / t.get(impl, np.nan),
+                         "bound by": "memory" if mem_ms >= flop_ms else "matmul peak"})
+    return pd.DataFrame(rows)

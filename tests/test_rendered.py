@@ -1,0 +1,117 @@
+"""The rendered book, as a reader gets it: run by `make test-report` after `make render` (which
+sets RENDERED_OUTPUT to the output folder); skipped in a plain `make test`, which renders nothing.
+
+Every chapter has its HTML page; every local link and image resolves to a file of the output;
+no cross-reference is left unresolved (Quarto prints `?@fig-...`) in the HTML or the PDF; the one
+PDF holds every chapter's title; every figure is a non-empty file."""
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import yaml
+
+from qmd import chapters
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTPUT = Path(os.environ["RENDERED_OUTPUT"]) if os.environ.get("RENDERED_OUTPUT") else None
+pytestmark = pytest.mark.skipif(OUTPUT is None, reason="run through `make test-report`, which "
+                                "renders the book first")
+CHAPTERS = chapters(ROOT)
+UNRESOLVED = re.compile(r"\?@(fig|tbl|sec)-[\w-]+")
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.refs: list[tuple[str, str]] = []
+        self.images: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("href", "src") and value:
+                self.refs.append((tag, value))
+            if tag == "img" and name == "src" and value:
+                self.images.append(value)
+
+
+def _pages() -> list[Path]:
+    return sorted(OUTPUT.glob("*.html"))
+
+
+def _parse(page: Path) -> _Links:
+    parser = _Links()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+def _title(qmd: Path) -> str:
+    """A chapter's title as its first heading writes it, without its attributes and markup."""
+    heading = next(line for line in qmd.read_text().splitlines() if line.startswith("# "))
+    return re.sub(r"\s*\{.*\}\s*$", "", heading[2:]).replace("`", "").strip()
+
+
+def _pdf_text(pdf: Path) -> str:
+    if shutil.which("pdftotext"):
+        return subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True,
+                              text=True, check=True).stdout
+    from pypdf import PdfReader
+
+    return "\n".join(page.extract_text() or "" for page in PdfReader(pdf).pages)
+
+
+def _pdf() -> Path:
+    config = yaml.safe_load((ROOT / "report" / "_quarto.yml").read_text())
+    return OUTPUT / f"{config['book']['output-file']}.pdf"
+
+
+def test_every_chapter_has_its_page():
+    assert (OUTPUT / "index.html").is_file()
+    for qmd in CHAPTERS:
+        assert (OUTPUT / f"{qmd.stem}.html").is_file(), f"{qmd.stem}.html was not rendered"
+
+
+def test_local_links_and_images_resolve():
+    broken = []
+    for page in _pages():
+        for tag, ref in _parse(page).refs:
+            url = urlparse(ref)
+            if url.scheme or ref.startswith(("#", "//", "mailto:", "data:")):
+                continue
+            target = (page.parent / unquote(url.path)).resolve()
+            if not target.exists():
+                broken.append(f"{page.name}: <{tag}> {ref}")
+    assert not broken, "\n".join(broken[:20])
+
+
+def test_no_unresolved_cross_references_in_html():
+    for page in _pages():
+        hits = UNRESOLVED.findall(page.read_text(encoding="utf-8"))
+        assert not hits, f"{page.name}: unresolved {hits[:5]}"
+
+
+def test_one_pdf_with_every_chapter_and_no_unresolved_reference():
+    pdf = _pdf()
+    assert pdf.is_file() and pdf.stat().st_size > 100_000, f"{pdf} missing or empty"
+    text = _pdf_text(pdf)
+    flat = re.sub(r"\s+", " ", text)
+    for qmd in CHAPTERS:
+        title = _title(qmd)
+        assert re.sub(r"\s+", " ", title) in flat, f"the PDF lacks the chapter '{title}'"
+    hits = UNRESOLVED.findall(text)
+    assert not hits, f"the PDF has unresolved cross-references: {hits[:5]}"
+    assert "nan TB/s" not in flat and "nan ms" not in flat
+
+
+def test_every_figure_image_exists_and_is_not_empty():
+    images = [(page, src) for page in _pages() for src in _parse(page).images
+              if not urlparse(src).scheme and not src.startswith("data:")]
+    figures = [(p, s) for p, s in images if "_files/figure-html" in s]
+    assert len(figures) >= 20, f"only {len(figures)} figures in the HTML"
+    for page, src in images:
+        path = page.parent / unquote(urlparse(src).path)
+        assert path.is_file() and path.stat().st_size > 1000, f"{page.name}: {src} is empty"

@@ -73,28 +73,25 @@ FIND_QUARTO = q=$$(command -v quarto || true); \
 	  echo "quarto not found; trying 'pip install quarto-cli' into $(VENV)"; \
 	  $(VENV)/bin/pip install -q quarto-cli 2>/dev/null && [ -x $(VENV)/bin/quarto ] && q=$(VENV)/bin/quarto; \
 	fi
-NO_QUARTO = "Quarto (>= 1.4) is needed to render the report and could not be found or installed.\n\
-  Install it from https://quarto.org/docs/get-started/ (or 'pip install quarto-cli' where PyPI\n\
-  is reachable), put it on the PATH, then run this again."
+NO_QUARTO := Quarto (>= 1.4) is needed to render the report, and none was found or could be \
+	installed: install it (https://quarto.org/docs/get-started/, or 'pip install quarto-cli' where \
+	PyPI is reachable), put it on the PATH, and run this again.
 
 render: setup ## render the book (_output/index.html and one PDF) from RESULTS (default: the reference)
 	@test -f $(RESULTS)/limits.parquet || { echo "render: no results in $(RESULTS)"; exit 1; }
 	@$(FIND_QUARTO); \
-	if [ -z "$$q" ]; then printf "render: $(NO_QUARTO)\n"; exit 1; fi; \
+	if [ -z "$$q" ]; then echo "render: $(NO_QUARTO)"; exit 1; fi; \
 	echo "render: $$q, results from $(RESULTS)"; \
 	rm -rf $(OUTPUT_DIR); \
 	py=$$(case "$(RUN_PY)" in */*) echo "$(abspath $(RUN_PY))";; *) command -v $(RUN_PY);; esac); \
-	cache=$$($$py -c "import jupyter_cache" 2>/dev/null && echo --cache); \
-	jc=$$(mktemp -d); trap 'rm -rf "$$jc"' EXIT; \
-	cd report && FUSION_RESULTS=$(abspath $(RESULTS)) QUARTO_PYTHON=$$py JUPYTERCACHE=$$jc \
-	  "$$q" render $$cache && \
+	cd report && FUSION_RESULTS=$(abspath $(RESULTS)) QUARTO_PYTHON=$$py "$$q" render && \
 	echo "report: $(OUTPUT_DIR)/index.html and $(OUTPUT_DIR)/$(BOOK_PDF)"
 
 test-report: setup ## render the book from RESULTS and test the output (links, cross-references, figures, PDF)
 	@$(FIND_QUARTO); \
 	if [ -z "$$q" ]; then \
-	  if [ "$${CI:-}" = true ]; then printf "test-report: FAILED: $(NO_QUARTO)\n"; exit 1; fi; \
-	  printf "test-report: SKIPPED: $(NO_QUARTO)\n"; exit 0; \
+	  if [ "$${CI:-}" = true ]; then echo "test-report: FAILED (CI=true): $(NO_QUARTO)"; exit 1; fi; \
+	  echo "test-report: SKIPPED: $(NO_QUARTO)"; exit 0; \
 	fi; \
 	PATH=$$(dirname $$q):$$PATH $(MAKE) --no-print-directory render RESULTS=$(RESULTS) && \
 	RENDERED_OUTPUT=$(abspath $(OUTPUT_DIR)) $(RUN_PY) -m pytest -q tests/test_rendered.py

@@ -92,7 +92,7 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
         elif family == "softmax_matmul":
             u = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_unfused")
             f = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_fused")
-            label = f"softmax(X)@V {r.precision} d2={r.d2}"
+            label = f"softmax(X) @ V {r.precision} d2={r.d2}"
             flops = traffic.softmax_matmul_flops(r.batch, r.d1, r.d2, r.d3)
         elif family == "attention":
             if r.causal:
@@ -163,7 +163,7 @@ HEADLINES = {
 }
 FAMILY_LABEL = {
     "elementwise": "add-mul", "softmax": "softmax", "layernorm": "LayerNorm fwd",
-    "softmax_matmul": "softmax(X)@V", "attention": "attention fwd",
+    "softmax_matmul": "softmax(X) @ V", "attention": "attention fwd",
     "matmul_softmax": "matmul+softmax", "linear_act": "linear+GELU",
 }
 

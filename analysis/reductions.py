@@ -274,7 +274,7 @@ def softmax_findings(df, copy_bw: float) -> dict:
         fixed_cost=_fixed_cost_fit(one_pass, copy_bw),
         widest_one_pass=widest_one_pass,
         two_read_cap=copy_bw * 2 / 3,
-        best=max(gbps.values()), best_width=max(gbps, key=gbps.get),
+        best=max(gbps.values()), best_width=int(max(gbps, key=gbps.get)),
         vs_eager={w: value_at(fp32, "torch_eager", width=w) / value_at(fp32, "triton_fused", width=w)
                   for w in widths},
         vs_compile={w: value_at(fp32, "torch_compile", width=w)

@@ -246,6 +246,11 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return t
 
 
+# A baseline "wins" when our time exceeds its by more than run-to-run noise (rows over 50 us
+# re-measured within 0.965-1.010 on the same H100 kind).
+LOSS = 0.97
+
+
 def conclusions(table: pd.DataFrame) -> dict[str, str]:
     """Sentences from the headline table: where fusion pays, where torch.compile already fuses
     it, where a library is already fused, where our kernel loses and by how much."""
@@ -256,14 +261,20 @@ def conclusions(table: pd.DataFrame) -> dict[str, str]:
     pays = t[(t["vs_Triton_unfused"] > 1.1) & (t["vs_eager"] > 1.0)]
     compiled = t[t["vs_torch_compile"].between(0.9, 1.1) | (t["vs_torch_compile"] < 0.9)]
     library = t[t["vs_best_library"] < 1.0]
-    baselines = t[["vs_eager", "vs_torch_compile", "vs_best_library"]].min(axis=1)
-    loses = t.assign(worst=baselines)[baselines < 1.0]
+    baselines = {"eager": "vs_eager", "torch.compile": "vs_torch_compile"}
+    losses = []
+    for r in t.itertuples():
+        speed = {name: getattr(r, col) for name, col in baselines.items()}
+        if r.best_library != "none measured":
+            speed[r.best_library] = r.vs_best_library
+        name = min(speed, key=lambda k: speed[k] if speed[k] == speed[k] else math.inf)
+        if speed[name] < LOSS:  # their time over ours
+            losses.append(f"{r.family} ({name} {1 / speed[name]:.2f}× faster)")
     return dict(
         pays=names(pays, "vs_Triton_unfused"),
         compile_fuses=names(compiled, "vs_torch_compile"),
         library_ahead=names(library, "vs_best_library"),
-        loses=", ".join(f"{r.family} ({1 / r.worst:.2f}× slower than the fastest baseline)"
-                        for r in loses.itertuples()) or "none",
+        loses=", ".join(losses) or "none",
     )
 
 

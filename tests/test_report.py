@@ -117,6 +117,8 @@ def test_chapter_cells_run(qmd, dataset, tmp_path, monkeypatch):
             f"{qmd.name}: `{expr}` -> {shown}"
         if isinstance(value, float):
             assert math.isfinite(value)
+        # Quarto shows a value without a markdown form by its repr.
+        assert "np." not in repr(value), f"{qmd.name}: `{expr}` shows as {value!r}"
         if dataset == "reference":
             assert "—" not in shown, f"{qmd.name}: `{expr}` lacks data in the reference"
 

@@ -29,11 +29,11 @@ BOOK_PDF := kernel-fusion-in-triton.pdf
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test test-report bench seed002 render report clean
+.PHONY: help setup test test-report bench seed002 render report smoke-data clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
-	@grep -E '^[a-z0-9]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9]+):.*## /  make \1\t/' | expand -t 16
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## /  make \1\t/' | expand -t 20
 	@echo "Variables: PYTHON=<interpreter> (reuse one, install nothing), RESULTS=<dir> (render),"
 	@echo "           BENCH_OUT=<dir>, BENCH_ARGS='--grid smoke --family elementwise' (bench)"
 
@@ -105,6 +105,10 @@ report: setup ## GPU: test, bench, render the fresh run. No GPU: render the comm
 	  echo "report: no GPU here: rendering from the committed reference results $(REFERENCE)"; \
 	  $(MAKE) --no-print-directory render RESULTS=$(REFERENCE); \
 	fi
+
+smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (interpreter), for the report tests
+	rm -rf tests/data/smoke
+	TRITON_INTERPRET=1 $(RUN_PY) -m analysis --out tests/data/smoke --grid smoke --device cpu --no-progress
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
 	rm -rf $(VENV) $(OUTPUT_DIR) report/.quarto results/runs .pytest_cache

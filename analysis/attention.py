@@ -156,37 +156,3 @@ def attention_problems(grid: str = "full") -> list[Problem]:
 
 
 # --- What the chapter concludes from the data --------------------------------------------------------
-
-def softmax_matmul_findings(df) -> dict:
-    """The values the chapter quotes at the largest d2: time and peak memory per precision."""
-    from .report import ok_rows, value_at
-
-    rows = ok_rows(df)
-    d2 = int(rows["d2"].max())
-    out = {}
-    for precision in ("ieee", "tf32"):
-        at = rows[(rows["precision"] == precision) & (rows["d2"] == d2)]
-        out[precision] = dict(eager=value_at(at, "torch_eager"), fused=value_at(at, "triton_fused"),
-                              compile=value_at(at, "torch_compile"),
-                              unfused=value_at(at, "triton_unfused"),
-                              peak_fused=value_at(at, "triton_fused", "peak_mib"),
-                              peak_eager=value_at(at, "torch_eager", "peak_mib"))
-    sample = rows.iloc[0]
-    out_mib = sample["batch"] * sample["d1"] * sample["d3"] * 4 / 2**20
-    return dict(d2=d2, out_mib=out_mib, **out)
-
-
-def attention_findings(df) -> dict:
-    """TFLOP/s per impl at head_dim 128, seq 4096 (causal and not), and peak memory."""
-    from .report import ok_rows, value_at
-
-    rows = ok_rows(df)
-    out = {}
-    for causal in (False, True):
-        at = rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096) & (rows["causal"] == causal)]
-        out[causal] = {impl: value_at(at, impl, "tflops") for impl in at["impl"].unique()}
-    naive = df[df["impl"] == "torch_eager"]
-    return dict(tflops=out, naive_oom=int((naive["status"] == "oom").sum()),
-                naive_peak_4096=value_at(rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096)
-                                              & (~rows["causal"])], "torch_eager", "peak_mib"),
-                fused_peak_max=float(rows[rows["impl"] == "triton_fused"]["peak_mib"].max()))

@@ -2,7 +2,6 @@
 from, and small helpers (markdown tables, formatting). Thin cells, logic here, tested here."""
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re

@@ -1,0 +1,233 @@
+"""What the report's chapters conclude from the data: the values their prose and tables quote,
+computed from the rows. Pandas only (no torch, no kernels), so a chapter's cells start fast; the
+chapters call these through `report.findings_or_missing`, which turns a configuration the data
+lacks into "—" instead of an error."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import report as R
+from . import traffic
+
+# --- Elementwise ----------------------------------------------------------------------------------
+
+TARGET_N = 2**27  # the size the chapter headlines (fp32, tensor z); the team's targets: NOTES.md
+LARGE_N = 2**26  # "large n": from here up, launch overhead is negligible
+
+
+def elementwise_findings(df, copy_bw: float) -> dict:
+    """The numbers the chapter's prose quotes, computed from the rows."""
+    ok = df[(df["status"] == "ok") & (df["sweep"] == "size") & (df["dtype"] == "float32")]
+    ms = ok.pivot_table(index=["z_kind", "n"], columns="impl", values="ms_median")
+    gbps = ok.pivot_table(index=["z_kind", "n"], columns="impl", values="gbps")
+    at = ("tensor", TARGET_N)
+    large = ms.loc["tensor"]
+    large = large[large.index >= LARGE_N]
+    f = dict(
+        copy_bw=copy_bw,
+        gbps=gbps.loc[at].to_dict(),
+        gbps_scalar=gbps.loc[("scalar", TARGET_N)].to_dict(),
+        vs_eager=ms.loc[at, "torch_eager"] / ms.loc[at, "triton_fused"],
+        vs_compile=ms.loc[at, "torch_compile"] / ms.loc[at, "triton_fused"],
+        vs_unfused=ms.loc[at, "triton_unfused"] / ms.loc[at, "triton_fused"],
+        vs_unfused_large_min=float((large["triton_unfused"] / large["triton_fused"]).min()),
+        vs_unfused_scalar=ms.loc[("scalar", TARGET_N), "triton_unfused"]
+        / ms.loc[("scalar", TARGET_N), "triton_fused"],
+        smallest_n=int(ms.index.get_level_values("n").min()),
+        small_us=(ms.loc["tensor"].iloc[0] * 1000).to_dict(),
+    )
+    if "ms_device" in ok and ok["ms_device"].notna().any():
+        device = ok.pivot_table(index=["z_kind", "n"], columns="impl", values="ms_device")
+        f["small_device_us"] = (device.loc["tensor"].iloc[0] * 1000).to_dict()
+    # Where the fused kernel first reaches half the copy bandwidth.
+    fused = gbps.loc["tensor", "triton_fused"]
+    half = fused[fused >= copy_bw / 2]
+    f["half_bw_n"] = int(half.index.min()) if len(half) else None
+    return f
+
+# --- Reductions -----------------------------------------------------------------------------------
+
+# The softmax paths for rows past the one-pass limit (the `variant` of their rows).
+WIDE_PATHS = ("online", "coop")
+
+
+def default_tile(df, path: str):
+    """The tile the default plan gives a softmax path: the block of its default-sweep rows."""
+    rows = df[(df["sweep"] == "size") & (df["variant"] == path) & (df["status"] == "ok")]
+    return int(rows["block"].mode().iloc[0]) if len(rows) else None
+
+
+def widest_online(df):
+    """The widest float32 row the default plan sends down the online path."""
+    rows = df[(df["sweep"] == "size") & (df["variant"] == "online") & (df["dtype"] == "float32")]
+    return int(rows["width"].max()) if len(rows) else R.MISSING
+
+def softmax_findings(df, copy_bw: float) -> dict:
+    rows = R.ok_rows(df)
+    fp32 = rows[(rows["dtype"] == "float32")]
+    widths = sorted(fp32["width"].unique())
+    gbps = {w: R.value_at(fp32, "triton_fused", "gbps", width=w) for w in widths}
+    one_pass = fp32[(fp32["impl"] == "triton_fused") & (fp32["variant"] == "one_pass")]
+    widest_one_pass = int(one_pass["width"].max()) if len(one_pass) else None
+    return dict(
+        widths=widths, fused_gbps=gbps,
+        wide=_softmax_wide_paths(df, widest_one_pass or 0),
+        fixed_cost=_fixed_cost_fit(one_pass, copy_bw),
+        widest_one_pass=widest_one_pass,
+        two_read_cap=copy_bw * 2 / 3,
+        best=max(gbps.values()), best_width=int(max(gbps, key=gbps.get)),
+        vs_eager={w: R.value_at(fp32, "torch_eager", width=w) / R.value_at(fp32, "triton_fused", width=w)
+                  for w in widths},
+        vs_compile={w: R.value_at(fp32, "torch_compile", width=w)
+                    / R.value_at(fp32, "triton_fused", width=w) for w in widths},
+        vs_unfused={w: R.value_at(fp32, "triton_unfused", width=w)
+                    / R.value_at(fp32, "triton_fused", width=w) for w in widths},
+    )
+
+
+def _softmax_wide_paths(df, widest_one_pass: int):
+    """float32 rows past the one-pass limit: TB/s of the online and coop paths at their default
+    tiles and warps (wherever measured: as the default or beside it), and which one is default."""
+    ok = df[(df["status"] == "ok") & (df["dtype"] == "float32") & (df["impl"] == "triton_fused")
+            & (df["width"] > widest_one_pass)]
+    out = []
+    for w, g in ok.groupby("width"):
+        row = {"width": int(w)}
+        for path in WIDE_PATHS:
+            block = default_tile(df, path)
+            m = g[(g["variant"] == path) & (g["block"] == block) & (g["num_warps"] == 16)]
+            row[f"{path} TB/s"] = float(m["gbps"].iloc[0]) / 1000 if len(m) else float("nan")
+        default = g[g["sweep"] == "size"]["variant"]
+        row["default"] = str(default.iloc[0]) if len(default) else "—"
+        out.append(row)
+    return pd.DataFrame(out, columns=["width", *(f"{p} TB/s" for p in WIDE_PATHS), "default"])
+
+
+def _fixed_cost_fit(one_pass, copy_bw: float) -> dict:
+    """Least-squares fit of time = t0 + bytes / rate over the one-pass rows (one read, one write
+    of the row): the fixed cost of a call and the streaming rate, and what the narrowest width
+    could reach with that fixed cost even streaming at the copy bandwidth."""
+    if len(one_pass) < 2 or not one_pass["ms_median"].notna().all():
+        return R.MISSING
+    b = one_pass["bytes_model"].to_numpy(float)
+    t = one_pass["ms_median"].to_numpy(float) * 1e-3
+    slope, t0 = np.polyfit(b, t, 1)
+    narrow = one_pass.loc[one_pass["width"].idxmin()]
+    nb = float(narrow["bytes_model"])
+    ceiling = nb / (t0 + nb / (copy_bw * 1e9)) / 1e9
+    return dict(t0_us=t0 * 1e6, rate_gbps=1 / slope / 1e9, narrow_width=int(narrow["width"]),
+                narrow_ceiling_gbps=ceiling)
+
+
+def layernorm_findings(df) -> dict:
+    """The values the chapter's prose quotes: half precision forward at the narrowest and widest
+    rows, backward ratios per call and on the GPU side (device time)."""
+    rows = R.ok_rows(df)
+    fwd = rows[(rows["direction"] == "fwd") & (rows["dtype"] == "float16")]
+    bwd = rows[rows["direction"] == "bwd"]
+    wide = int(fwd["width"].max())
+    narrow = int(fwd["width"].min())
+    fused_wide = R.value_at(fwd, "triton_fused", "gbps", width=wide)
+    narrow_us = {(impl, col): R.value_at(fwd, impl, col, width=narrow) * 1000
+                 for impl in ("triton_fused", "torch_eager") for col in ("ms_median", "ms_device")}
+    # The backward per call (through autograd, host included) and its kernels alone (device
+    # time): the faster baseline's time over ours, per (dtype, width) from 4096 columns up.
+    speedup = {"ms_median": {}, "ms_device": {}}
+    for (dtype, width), g in bwd[bwd["width"] >= 4096].groupby(["dtype", "width"]):
+        for col in ("ms_median", "ms_device"):
+            fused = R.value_at(g, "triton_fused", col)
+            best_base = min(R.value_at(g, "torch_eager", col), R.value_at(g, "torch_compile", col))
+            speedup[col][f"{dtype} × {width}"] = best_base / fused
+    fwd_device = fwd[fwd["width"] >= 4096]
+    vs_compile = [R.value_at(g, "torch_compile", "ms_device") / R.value_at(g, "triton_fused", "ms_device")
+                  for _, g in fwd_device.groupby("width")]
+    b4k = bwd[(bwd["dtype"] == "float16") & (bwd["width"] == 4096)]
+    return dict(
+        rows=int(fwd["rows"].iloc[0]), wide=wide, narrow=narrow,
+        narrow_bytes=float(fwd[fwd["width"] == narrow]["bytes_model"].iloc[0]),
+        narrow_us=narrow_us,
+        fwd_wide_fused_gbps=fused_wide,
+        fwd_wide_compile_gbps=R.value_at(fwd, "torch_compile", "gbps", width=wide),
+        fwd_vs_compile_graph=(min(vs_compile), max(vs_compile)),
+        bwd_device_speedup=(min(speedup["ms_device"].values()), max(speedup["ms_device"].values())),
+        percall_wins=", ".join(k for k, v in speedup["ms_median"].items() if v > 1),
+        percall_losses=", ".join(k for k, v in speedup["ms_median"].items() if v <= 1),
+        # fp16 4096 columns, per call: how many times eager's backward is faster than ours.
+        bwd_eager_gap=R.value_at(b4k, "triton_fused") / R.value_at(b4k, "torch_eager"),
+    )
+
+
+def autograd_thread_slowdown(host) -> tuple[float, float]:
+    """From host_overhead.csv: the fused backward's host time on the autograd engine's thread over
+    the same call on the main thread, (min, max) over the shapes measured."""
+    h = host.set_index("case")["host_us"]
+    ratios = [h[c] / h[c.replace("_backward on the autograd thread", "_backward only")]
+              for c in h.index if c.endswith("_backward on the autograd thread")]
+    return min(ratios), max(ratios)
+
+
+# --- softmax(X) @ V and attention ------------------------------------------------------------------
+
+def softmax_matmul_findings(df) -> dict:
+    """The values the chapter quotes at the largest d2: time and peak memory per precision."""
+    rows = R.ok_rows(df)
+    d2 = int(rows["d2"].max())
+    out = {}
+    for precision in ("ieee", "tf32"):
+        at = rows[(rows["precision"] == precision) & (rows["d2"] == d2)]
+        out[precision] = dict(eager=R.value_at(at, "torch_eager"), fused=R.value_at(at, "triton_fused"),
+                              compile=R.value_at(at, "torch_compile"),
+                              unfused=R.value_at(at, "triton_unfused"),
+                              peak_fused=R.value_at(at, "triton_fused", "peak_mib"),
+                              peak_eager=R.value_at(at, "torch_eager", "peak_mib"))
+    sample = rows.iloc[0]
+    out_mib = sample["batch"] * sample["d1"] * sample["d3"] * 4 / 2**20
+    return dict(d2=d2, out_mib=out_mib, **out)
+
+
+def attention_findings(df) -> dict:
+    """TFLOP/s per impl at head_dim 128, seq 4096 (causal and not), and peak memory."""
+    rows = R.ok_rows(df)
+    out = {}
+    for causal in (False, True):
+        at = rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096) & (rows["causal"] == causal)]
+        out[causal] = {impl: R.value_at(at, impl, "tflops") for impl in at["impl"].unique()}
+    naive = df[df["impl"] == "torch_eager"]
+    return dict(tflops=out, naive_oom=int((naive["status"] == "oom").sum()),
+                naive_peak_4096=R.value_at(rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096)
+                                              & (~rows["causal"])], "torch_eager", "peak_mib"),
+                fused_peak_max=float(rows[rows["impl"] == "triton_fused"]["peak_mib"].max()))
+
+
+# --- Matmul epilogues -----------------------------------------------------------------------------
+
+MEMORY_BOUND = (65536, 512, 256)
+BIG = (16384, 4096, 4096)
+VOCAB = (16384, 1024, 32000)
+LINEAR = (8192, 8192, 8192)
+
+
+def matmul_softmax_findings(df, copy_bw: float) -> dict:
+    """What the chapter quotes: `at(shape, impl)`, a float16 time (ms), and the memory-bound
+    shape's floor at the copy bandwidth."""
+    half = R.ok_rows(df)
+    half = half[half["dtype"] == "float16"]
+
+    def at(shape, impl, col="ms_median"):
+        m, k, n = shape
+        return R.value_at(half, impl, col, m=m, k=k, n=n)
+
+    m, k, n = MEMORY_BOUND
+    floor_ms = traffic.total(traffic.matmul_softmax_kernels(m, k, n, 2, "triton_fused")) \
+        / copy_bw / 1e6
+    return dict(floor_ms=floor_ms, at=at)
+
+
+def linear_act_findings(df) -> dict:
+    """TFLOP/s of linear + GELU at 8192 cubed, float16."""
+    rows = R.ok_rows(df)
+    sel = rows[(rows["dtype"] == "float16") & (rows["m"] == LINEAR[0]) & (rows["activation"] == "gelu")]
+    return dict(fused_tflops=R.value_at(sel, "triton_fused", "tflops"),
+                cublas_tflops=R.value_at(sel, "cublas", "tflops"),
+                eager_tflops=R.value_at(sel, "torch_eager", "tflops"))

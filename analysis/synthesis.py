@@ -279,28 +279,28 @@ def conclusions(table: pd.DataFrame) -> dict[str, str]:
 
 
 def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict],
-                   impls=("triton_fused",), bytes_column: str = "bytes_model") -> pd.DataFrame:
-    """How far each headline case is from its floor: floor = max(model bytes / copy bandwidth,
-    FLOPs / matmul peak) of the run, against the device time of each impl. `cases`: label ->
-    the column values that pick the configuration."""
+                   impls=("triton_fused",)) -> pd.DataFrame:
+    """How far each case is from its floor, one row per case: the floor, max(model bytes / copy
+    bandwidth, FLOPs / matmul peak) of the run, and for each impl the floor as a percentage of its
+    device time (100: at the limit). `cases`: label -> the column values that pick the
+    configuration."""
     run = R.run_of(df)
     bw = R.limit(limits, "copy_bw", run_id=run)
     rows = []
     for label, where in cases.items():
         sel = _select(df, where)
-        if not len(sel):
-            rows.append({"case": label, "impl": "—", "floor µs": np.nan, "µs": np.nan,
-                         "% of limit": np.nan, "bound by": "no data"})
-            continue
-        r = sel.iloc[0]
-        peak = peak_of(limits, r["precision"], run)
-        mem_ms = r[bytes_column] / bw / 1e6
-        flop_ms = r["flops_model"] / peak / 1e9 if peak == peak else 0.0
-        floor = max(mem_ms, flop_ms)
-        t = times_of(df, where)
+        row = {"case": label, "bound by": "no data", "floor µs": np.nan}
+        if len(sel):
+            r = sel.iloc[0]
+            peak = peak_of(limits, r["precision"], run)
+            mem_ms = r["bytes_model"] / bw / 1e6
+            flop_ms = r["flops_model"] / peak / 1e9 if peak == peak else 0.0
+            floor = max(mem_ms, flop_ms)
+            row.update({"bound by": "memory" if mem_ms >= flop_ms else "matmul peak",
+                        "floor µs": floor * 1e3})
+            t = times_of(df, where)
         for impl in impls:
-            rows.append({"case": label, "impl": R.IMPL_LABEL.get(impl, impl),
-                         "floor µs": floor * 1e3, "µs": t.get(impl, np.nan) * 1e3,
-                         "% of limit": 100 * floor / t.get(impl, np.nan),
-                         "bound by": "memory" if mem_ms >= flop_ms else "matmul peak"})
+            row[f"{R.IMPL_LABEL.get(impl, impl)} %"] = (100 * floor / t.get(impl, np.nan)
+                                                       if len(sel) else np.nan)
+        rows.append(row)
     return pd.DataFrame(rows)

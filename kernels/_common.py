@@ -8,6 +8,7 @@ element a kernel forgot to write.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -131,6 +132,38 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+# The SM count plans assume where there is no GPU to ask (Triton's interpreter on the CPU): an H100
+# SXM's, so that the interpreter plans, and the tests check, what an H100 would run.
+INTERPRETER_SM_COUNT = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(device: torch.device) -> int:
+    # Cached: plans read it on every call's host path, which small launches cannot hide.
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sm_count_of(device=None) -> int:
+    """The number of SMs of `device` (a CUDA device), else INTERPRETER_SM_COUNT."""
+    if device is not None and torch.device(device).type == "cuda":
+        return _cuda_sm_count(torch.device(device))
+    return INTERPRETER_SM_COUNT
+
+
+def check_pow2(name: str, value, lo: int = 16, why: str = "") -> int:
+    """A block size (or group size) given by the caller: a power of two >= lo."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {lo}{why}, got {value!r}")
+    return value
+
+
+def check_warps(num_warps) -> int:
+    if (not isinstance(num_warps, int) or isinstance(num_warps, bool) or not 1 <= num_warps <= 32
+            or num_warps & (num_warps - 1)):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
+    return num_warps
+
+
 def default_warps(block: int) -> int:
     """One warp per 256 elements of a 1-D block, between 1 and 16."""
     return max(1, min(16, block // 256))
@@ -138,17 +171,21 @@ def default_warps(block: int) -> int:
 
 __all__ = [
     "FLOAT_DTYPES",
+    "INTERPRETER_SM_COUNT",
     "as_rows",
     "cdiv",
     "check_contiguous",
+    "check_pow2",
     "check_same",
     "check_tensor",
+    "check_warps",
     "default_warps",
     "dot",
     "empty",
     "interpreting",
     "next_pow2",
     "poisoned_outputs",
+    "sm_count_of",
     "triton",
     "upcast_bf16",
 ]

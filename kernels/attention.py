@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import check_contiguous, check_same, check_tensor, empty, interpreting
-from .softmax_matmul import _bmm, _dot, _softmax_rows, _upcast_bf16
+from ._common import check_contiguous, check_pow2, check_same, check_tensor, empty, interpreting
+from .softmax_matmul import DOT_MIN, _bmm, _dot, _softmax_rows, _upcast_bf16
 
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -239,12 +239,6 @@ def _check_inputs(q, k, v, causal, sm_scale):
     return float(sm_scale)
 
 
-def _check_block(name, value):
-    if not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
-    return value
-
-
 def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=None,
                  num_warps=None, num_stages=None) -> torch.Tensor:
     """FlashAttention-2 forward in one Triton kernel; grid (seq / block_m, batch * heads).
@@ -280,8 +274,8 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         _attn_fwd_tuned[grid](*args, **consts)
         return out
     cfg = default_config(seq, head_dim, causal)
-    block_m = _check_block("block_m", cfg["block_m"] if block_m is None else block_m)
-    block_n = _check_block("block_n", cfg["block_n"] if block_n is None else block_n)
+    block_m = check_pow2("block_m", cfg["block_m"] if block_m is None else block_m, why=DOT_MIN)
+    block_n = check_pow2("block_n", cfg["block_n"] if block_n is None else block_n, why=DOT_MIN)
     if causal and block_m % block_n:
         raise ValueError(f"causal attention needs block_m to be a multiple of block_n, got "
                          f"block_m={block_m}, block_n={block_n}")

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_contiguous, check_same, check_tensor, default_warps, empty
+from ._common import (check_contiguous, check_pow2, check_same, check_tensor, check_warps,
+                      default_warps, empty)
 
 DEFAULT_BLOCK = 2048
 
@@ -105,10 +106,8 @@ def _check_inputs(x, y, z):
 
 
 def _launch_args(x, block, num_warps):
-    block = DEFAULT_BLOCK if block is None else block
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {block}")
-    num_warps = default_warps(block) if num_warps is None else num_warps
+    block = check_pow2("block", DEFAULT_BLOCK if block is None else block)
+    num_warps = default_warps(block) if num_warps is None else check_warps(num_warps)
     return block, num_warps, (triton.cdiv(x.numel(), block),)
 
 

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_same, check_tensor,
-                      default_warps, empty, next_pow2)
+from ._common import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_pow2, check_same,
+                      check_tensor, check_warps, default_warps, empty, next_pow2, sm_count_of)
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -78,9 +78,8 @@ MAX_TILE_ROWS = 64
 # dy and dx (16 * groups / (6 * rows) of them in 16-bit dtypes: 9% at 4096 rows).
 GROUPS_PER_SM = 1
 MIN_ROWS_PER_GROUP = 8
-# SMs assumed when there is no GPU to ask (an H100 SXM); SM_COUNT, when set, overrides the
-# device's own count (the tests set it small so that programs loop over several tiles or rows).
-DEFAULT_SM_COUNT = 132
+# SM_COUNT, when set, overrides the device's own count (the tests set it small so that programs
+# loop over several tiles or rows).
 SM_COUNT: int | None = None
 # Elements a program of the kernel that sums the partials over groups loads per step
 # (REDUCE_TILE // BLOCK_N groups of BLOCK_N columns).
@@ -492,21 +491,11 @@ def _check_inputs(x, weight, bias, eps):
     return rows, n_rows, n_cols
 
 
-def _check_block(block) -> None:
-    if not isinstance(block, int) or block < 16 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {block}")
-
-
-def _check_warps(num_warps) -> None:
-    if not isinstance(num_warps, int) or not 1 <= num_warps <= 32 or num_warps & (num_warps - 1):
-        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
-
-
 def _check_options(block, num_warps, groups=None) -> None:
     if block is not None:
-        _check_block(block)
+        check_pow2("block", block)
     if num_warps is not None:
-        _check_warps(num_warps)
+        check_warps(num_warps)
     if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)
                                or groups < 1):
         raise ValueError(f"groups must be a positive int, got {groups}")
@@ -583,17 +572,8 @@ def _bwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _BwdPla
     return _BwdPlan(block, rows, num_warps, True, prefetch)
 
 
-@functools.lru_cache(maxsize=None)
-def _device_sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _sm_count(device=None) -> int:
-    if SM_COUNT is not None:
-        return SM_COUNT
-    if device is not None and device.type == "cuda":
-        return _device_sm_count(device)
-    return DEFAULT_SM_COUNT
+    return SM_COUNT if SM_COUNT is not None else sm_count_of(device)
 
 
 # Programs of the persistent forward kernel that fit on one SM at once, per compiled variant,

@@ -51,7 +51,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_same, check_tensor, default_warps, empty
+from ._common import (INTERPRETER_SM_COUNT, check_pow2, check_same, check_tensor, check_warps,
+                      default_warps, empty, sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -68,8 +69,6 @@ ONLINE_MAX_K = {"half": 256, "tf32": 256, "ieee": 64}
 # Super-grouping of row blocks (Triton's matmul tutorial): programs that run together share
 # weight tiles in L2.
 GROUP = 8
-# SMs assumed when there is no GPU to ask (an H100 SXM), so the interpreter plans like an H100.
-DEFAULT_SM_COUNT = 132
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -412,30 +411,15 @@ def _precision_class(dtype, precision):
     return precision if dtype == torch.float32 else "half"
 
 
-def _check_block(name, value, lo=16):
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= {lo}, got {value!r}")
-    return value
-
-
 def _pow2(n, lo, hi):
     """The power of two covering n, clamped to [lo, hi]."""
     return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
 
 
-def _sm_count(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_SM_COUNT
-
-
 def _launch_opts(num_warps, num_stages):
-    for name, v in (("num_warps", num_warps), ("num_stages", num_stages)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if num_warps & (num_warps - 1):
-        raise ValueError(f"num_warps must be a power of two, got {num_warps}")
-    return num_warps, num_stages
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise ValueError(f"num_stages must be a positive int, got {num_stages!r}")
+    return check_warps(num_warps), num_stages
 
 
 class GemmConfig(NamedTuple):
@@ -447,7 +431,7 @@ class GemmConfig(NamedTuple):
     num_stages: int
 
 
-def gemm_config(M, N, K, dtype, precision, sm_count=DEFAULT_SM_COUNT) -> GemmConfig:
+def gemm_config(M, N, K, dtype, precision, sm_count=INTERPRETER_SM_COUNT) -> GemmConfig:
     """Default tiles of the matmul kernel: the tutorial's H100 fp16 config (128x256x64, 8 warps,
     3 stages), half as wide for float32 (twice the bytes an element; tf32), a 64x128 FMA tile for
     IEEE float32. Clamped to the problem, then halved while the grid would not fill the SMs."""
@@ -473,11 +457,11 @@ def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k
     """Launch _matmul_kernel: out = act(x @ weight + bias); out is (M, N), any strides."""
     M, K = x.shape
     N = weight.shape[1]
-    cfg = gemm_config(M, N, K, x.dtype, precision, _sm_count(x.device))
-    bm = _check_block("block_m", cfg.block_m if block_m is None else block_m)
-    bn = _check_block("block_n", cfg.block_n if block_n is None else block_n)
-    bk = _check_block("block_k", cfg.block_k if block_k is None else block_k)
-    gm = _check_block("group_m", cfg.group_m if group_m is None else group_m, lo=1)
+    cfg = gemm_config(M, N, K, x.dtype, precision, sm_count_of(x.device))
+    bm = check_pow2("block_m", cfg.block_m if block_m is None else block_m)
+    bn = check_pow2("block_n", cfg.block_n if block_n is None else block_n)
+    bk = check_pow2("block_k", cfg.block_k if block_k is None else block_k)
+    gm = check_pow2("group_m", cfg.group_m if group_m is None else group_m, lo=1)
     warps, stages = _launch_opts(cfg.num_warps if num_warps is None else num_warps,
                                  cfg.num_stages if num_stages is None else num_stages)
     if M == 0 or N == 0:
@@ -526,8 +510,8 @@ class MatmulSoftmaxPlan(NamedTuple):
 
 
 def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, block_b=None,
-                        block_c=None, block_k=None, num_warps=None,
-                        num_stages=None) -> MatmulSoftmaxPlan:
+                        block_c=None, block_k=None, num_warps=None, num_stages=None,
+                        sm_count=INTERPRETER_SM_COUNT) -> MatmulSoftmaxPlan:
     """The method and tiles matmul_softmax_fused uses (defaults filled in, overrides checked).
 
     method=None: "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
@@ -571,7 +555,7 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         # One program per row block: with few rows, smaller blocks so the grid covers the SMs.
         # Measured on the H100 (NOTES.md): this helps float32 (1024 x 1024 x 100: 114 -> 41 us)
         # but hurts float16 (58 -> 213 us), so float16 keeps its large blocks.
-        while not half and triton.cdiv(B, bb) < DEFAULT_SM_COUNT and bb > 16:
+        while not half and triton.cdiv(B, bb) < sm_count and bb > 16:
             bb //= 2
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
@@ -588,13 +572,13 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     if block_b is not None:
         if method == SIMPLE:
             raise ValueError("method 'simple' runs one row per program: block_b does not apply")
-        bb = _check_block("block_b", block_b)
+        bb = check_pow2("block_b", block_b)
     if block_c is not None:
         if method in (SIMPLE, TILED):
             raise ValueError(f"method {method!r} covers all C in one tile: block_c does not apply")
-        bc = _check_block("block_c", block_c)
+        bc = check_pow2("block_c", block_c)
     if block_k is not None:
-        bk = _check_block("block_k", block_k, lo=8 if method == SIMPLE else 16)
+        bk = check_pow2("block_k", block_k, lo=8 if method == SIMPLE else 16)
     warps, stages = _launch_opts(warps if num_warps is None else num_warps,
                                  stages if num_stages is None else num_stages)
     return MatmulSoftmaxPlan(method, precision, bb, bc, bk, warps, stages)
@@ -629,7 +613,8 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     weight = _aligned_rows(weight, B)
     plan = matmul_softmax_plan(B, K, C, x.dtype, method=method, input_precision=input_precision,
                                block_b=block_b, block_c=block_c, block_k=block_k,
-                               num_warps=num_warps, num_stages=num_stages)
+                               num_warps=num_warps, num_stages=num_stages,
+                               sm_count=sm_count_of(x.device))
     out = empty((B, C), x.dtype, x.device)
     if B == 0 or C == 0:
         return out
@@ -679,7 +664,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
 
 def _softmax_rows(logits, out, block=None):
     B, C = logits.shape
-    block = _check_block("softmax_block", _pow2(C, 16, 16384) if block is None else block)
+    block = check_pow2("softmax_block", _pow2(C, 16, 16384) if block is None else block)
     _softmax_rows_kernel[(B,)](logits, out, C, logits.stride(0), out.stride(0), BLOCK=block,
                                ONE_TILE=C <= block, num_warps=default_warps(block))
     return out
@@ -695,7 +680,7 @@ def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_
     _check_operands(x, weight, bias)
     precision = _precision(x, input_precision, "ieee")
     if softmax_block is not None:
-        _check_block("softmax_block", softmax_block)  # before the matmul runs
+        check_pow2("softmax_block", softmax_block)  # before the matmul runs
     B, C = x.shape[0], weight.shape[1]
     logits = empty((B, C), x.dtype, x.device)
     out = empty((B, C), x.dtype, x.device)
@@ -754,7 +739,7 @@ def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precisi
     out = empty((M, N), x.dtype, x.device)
     _gemm(x, weight, bias, h, "none", precision, block_m, block_n, block_k, group_m, num_warps,
           num_stages)
-    block = _check_block("block", 2048 if block is None else block)
+    block = check_pow2("block", 2048 if block is None else block)
     if h.numel():
         _activation_kernel[(triton.cdiv(h.numel(), block),)](h, out, h.numel(),
                                                             ACTIVATION=activation, BLOCK=block,

@@ -30,14 +30,14 @@ An all -inf row gives NaN, as torch.softmax does (there is no max to subtract); 
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, cdiv, default_warps, empty, interpreting, next_pow2
+from ._common import (as_rows, cdiv, check_pow2, check_warps, default_warps, empty, interpreting,
+                      next_pow2, sm_count_of)
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
@@ -54,8 +54,6 @@ ONLINE_MAX_ROW_BYTES = 256 * 1024
 # Tile of the split path: smaller, so that a few long rows still make enough programs.
 SPLIT_BLOCK = 8192
 UNFUSED_BLOCK = 4096
-# SMs assumed when there is no GPU to ask (an H100 SXM), so the interpreter plans like an H100.
-DEFAULT_SM_COUNT = 132
 # The split path aims at this many programs per SM in all.
 SPLIT_PROGRAMS_PER_SM = 2
 
@@ -247,7 +245,7 @@ def coop_splits(n_cols: int, itemsize: int, device=None, block: int = COOP_BLOCK
     shared (1)."""
     if interpreting():
         return 1
-    sms = _sm_count(device)
+    sms = sm_count_of(device)
     need = max(cdiv(n_cols, block), cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET))
     # A power of two no larger than the SM count: every program must be resident at once.
     return min(next_pow2(need), MAX_COOP_SPLITS, 1 << (sms.bit_length() - 1))
@@ -300,28 +298,6 @@ def _normalise_kernel(x_ptr, max_ptr, sum_ptr, out_ptr, n_cols, x_row_stride, ou
 # Host side.
 
 
-def _check_block(block: int) -> None:
-    if not isinstance(block, int) or block < 16 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {block}")
-
-
-def _check_warps(num_warps) -> None:
-    if not isinstance(num_warps, int) or not 1 <= num_warps <= 32 or num_warps & (num_warps - 1):
-        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
-
-
-def _sm_count(device) -> int:
-    if device is not None and torch.device(device).type == "cuda":
-        return _device_sm_count(torch.device(device))
-    return DEFAULT_SM_COUNT
-
-
-@functools.lru_cache(maxsize=None)
-def _device_sm_count(device: torch.device) -> int:
-    # Cached: this is on every call's host path, which small launches cannot hide.
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None, num_warps=None,
          path=None, splits=None) -> Plan:
     """The path, block, warps and splits `triton_fused` uses for (n_rows, n_cols) of elements of
@@ -329,7 +305,7 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     if path is None:
         if n_cols <= MAX_ONE_PASS:
             path = ONE_PASS
-        elif n_rows < _sm_count(device):
+        elif n_rows < sm_count_of(device):
             path = SPLIT
         elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4:
             path = ONLINE
@@ -340,7 +316,7 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     whole_row = max(16, next_pow2(n_cols))
     if path == ONE_PASS:
         block = whole_row if block is None else block
-        _check_block(block)
+        check_pow2("block", block)
         if block < whole_row:
             raise ValueError(
                 f"the one-pass kernel holds the whole row: block must be >= {whole_row} for rows "
@@ -348,14 +324,14 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     else:
         default = {COOP: COOP_BLOCK, SPLIT: SPLIT_BLOCK, ONLINE: ONLINE_BLOCK}[path]
         block = min(default, whole_row) if block is None else block
-        _check_block(block)
+        check_pow2("block", block)
     num_warps = default_warps(block) if num_warps is None else num_warps
-    _check_warps(num_warps)
+    check_warps(num_warps)
     n_splits, chunk = 1, n_cols
     if path == SPLIT:
         tiles = cdiv(n_cols, block)
         if splits is None:
-            splits = cdiv(SPLIT_PROGRAMS_PER_SM * _sm_count(device), max(n_rows, 1))
+            splits = cdiv(SPLIT_PROGRAMS_PER_SM * sm_count_of(device), max(n_rows, 1))
         if not isinstance(splits, int) or splits < 1:
             raise ValueError(f"splits must be a positive int, got {splits}")
         # Whole tiles per chunk; then drop splits that would get no columns.
@@ -396,7 +372,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
         _softmax_online_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block, num_warps=p.num_warps)
     elif p.path == COOP:
         # One program per SM at most, so every program is resident and the spin-wait returns.
-        groups = max(1, min(n_rows, _sm_count(x.device) // p.splits))
+        groups = max(1, min(n_rows, sm_count_of(x.device) // p.splits))
         pmax = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
         psum = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
         count = torch.zeros((n_rows,), dtype=torch.int32, device=x.device)
@@ -421,9 +397,9 @@ def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tens
     out = exp(x - max) / sum. block: the tile of every kernel (any row length)."""
     rows, n_rows, n_cols = as_rows("x", x)
     block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
-    _check_block(block)
+    check_pow2("block", block)
     num_warps = default_warps(block) if num_warps is None else num_warps
-    _check_warps(num_warps)
+    check_warps(num_warps)
     out = empty(x.shape, x.dtype, x.device)
     if rows is None:
         return out

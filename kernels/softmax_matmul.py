@@ -18,9 +18,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_same, check_tensor, empty
+from ._common import check_pow2, check_same, check_tensor, empty
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
+
+DOT_MIN = " (tl.dot's minimum)"
 
 PRECISIONS = ("ieee", "tf32")
 
@@ -197,12 +199,6 @@ def _check_inputs(x, v, input_precision):
     return input_precision if x.dtype == torch.float32 else "tf32"
 
 
-def _check_block(name, value):
-    if not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
-    return value
-
-
 def _pow2_block(n, lo, hi):
     return min(max(lo, triton.next_power_of_2(max(n, 1))), hi)
 
@@ -230,9 +226,12 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
     d3 = v.shape[2]
     # Defaults from a config search on the H100 (analysis/tune.py, NOTES.md): 32 x 32 score tiles
     # and a 256-wide slice of d3 per program beat larger score tiles by ~2x at d3 = 512.
-    block_1 = _check_block("block_1", _pow2_block(d1, 16, 32) if block_1 is None else block_1)
-    block_2 = _check_block("block_2", _pow2_block(d2, 16, 32) if block_2 is None else block_2)
-    block_3 = _check_block("block_3", _pow2_block(d3, 16, 256) if block_3 is None else block_3)
+    block_1 = check_pow2("block_1", _pow2_block(d1, 16, 32) if block_1 is None else block_1,
+                         why=DOT_MIN)
+    block_2 = check_pow2("block_2", _pow2_block(d2, 16, 32) if block_2 is None else block_2,
+                         why=DOT_MIN)
+    block_3 = check_pow2("block_3", _pow2_block(d3, 16, 256) if block_3 is None else block_3,
+                         why=DOT_MIN)
     num_warps = 4 if num_warps is None else num_warps
     num_stages = 2 if num_stages is None else num_stages
     trivial = _trivial(x, v)
@@ -254,9 +253,9 @@ def triton_unfused(x, v, *, block_m=None, block_n=None, block_k=None, input_prec
     precision = _check_inputs(x, v, input_precision)
     batch, d1, d2 = x.shape
     d3 = v.shape[2]
-    block_m = _check_block("block_m", 64 if block_m is None else block_m)
-    block_n = _check_block("block_n", 64 if block_n is None else block_n)
-    block_k = _check_block("block_k", 32 if block_k is None else block_k)
+    block_m = check_pow2("block_m", 64 if block_m is None else block_m, why=DOT_MIN)
+    block_n = check_pow2("block_n", 64 if block_n is None else block_n, why=DOT_MIN)
+    block_k = check_pow2("block_k", 32 if block_k is None else block_k, why=DOT_MIN)
     trivial = _trivial(x, v)
     if trivial is not None:
         return trivial

@@ -4,14 +4,15 @@ returns on every smoke configuration, to show that a refactoring changed nothing
 For each family's smoke grid, each Triton variant runs once on inputs drawn from a fixed seed; the
 fingerprint records every kernel launch (kernel, grid, num_warps, num_stages, the scalar and
 constexpr arguments, the shapes and strides of the tensor arguments) and a hash of the output's
-bytes. `--compare A.json B.json` lists every difference (exit 1 if any). `--time` adds the per-call
-median of one configuration per family (the largest smoke size), host path included.
+bytes. `--compare A.json B.json` lists every difference (exit 1 if any). An autotuned kernel's
+benchmarking launches and its pick among near-equal configs depend on timings: compare its output.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import random
 import sys
 
 import torch
@@ -50,15 +51,14 @@ def _digest(out) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def fingerprint(device: torch.device, timed: bool) -> dict:
-    from . import timing
+def fingerprint(device: torch.device) -> dict:
     from .__main__ import FAMILIES
 
     result = {}
     for family, problems in FAMILIES.items():
-        largest = None
         for i, problem in enumerate(problems("smoke")):
             torch.manual_seed(1000 + i)
+            random.seed(1000 + i)  # scalar inputs
             inputs = problem.make_inputs(device)
             for v in problem.variants:
                 if not v.impl.startswith("triton"):
@@ -77,19 +77,12 @@ def fingerprint(device: torch.device, timed: bool) -> dict:
                 finally:
                     undo()
                 result[key] = entry
-                if timed and v.impl == "triton_fused" and v.sweep == "size" and "error" not in entry:
-                    largest = (key, v.fn, inputs)
-        if timed and largest is not None:
-            key, fn, inputs = largest
-            result[f"time/{key}"] = timing.bench(lambda: fn(*inputs), device)["ms_median"]
     return result
 
 
 def compare(a: dict, b: dict) -> list[str]:
-    diffs = [f"only in one: {k}" for k in sorted(set(a) ^ set(b)) if not k.startswith("time/")]
+    diffs = [f"only in one: {k}" for k in sorted(set(a) ^ set(b))]
     for k in sorted(set(a) & set(b)):
-        if k.startswith("time/"):
-            continue
         if a[k] != b[k]:
             diffs.append(f"differs: {k}\n  before: {json.dumps(a[k])[:400]}\n  after:  "
                          f"{json.dumps(b[k])[:400]}")
@@ -100,19 +93,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.fingerprint", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
-    ap.add_argument("--time", action="store_true")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args(argv)
     if args.compare:
         a, b = (json.load(open(p)) for p in args.compare)
         diffs = compare(a, b)
         print("\n".join(diffs) if diffs else f"identical: {len(a)} entries")
-        for k in sorted(k for k in a if k.startswith("time/") and k in b):
-            print(f"{k[5:]}: before {a[k] * 1e3:.1f} us, after {b[k] * 1e3:.1f} us, "
-                  f"ratio {b[k] / a[k]:.3f}")
         return 1 if diffs else 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    result = fingerprint(device, args.time)
+    result = fingerprint(device)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
     print(f"{len(result)} entries -> {args.out}")

@@ -110,3 +110,13 @@ def test_half_precision_rows_get_the_matmul_peak(device):
     row = measure(problem, Variant("torch_eager", lambda t: t * 2), (x,), x.double() * 2, device,
                   limits)
     assert row["status"] == "ok" and row["pct_matmul_peak"] > 0 and row["pct_copy_bw"] > 0
+
+
+def test_fingerprint_compare_lists_every_difference():
+    from analysis.fingerprint import compare
+
+    a = {"k1": dict(launches=[dict(kernel="x", grid=[1])], out="ab"), "k2": dict(out="cd")}
+    assert compare(a, dict(a)) == []
+    b = dict(a, k1=dict(launches=[dict(kernel="x", grid=[2])], out="ab"), k3=dict(out="ef"))
+    diffs = compare(a, b)
+    assert len(diffs) == 2 and "only in one: k3" in diffs[0] and "differs: k1" in diffs[1]

@@ -11,7 +11,6 @@ LayerNorm backward's host path. A diagnostic for NOTES.md, not part of the sweep
 from __future__ import annotations
 
 import argparse
-import importlib
 import cProfile
 import pstats
 import time
@@ -23,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import layernorm as ln
-sm = importlib.import_module("kernels.softmax")  # kernels.softmax is also the function
+from kernels import row_softmax as sm
 
 from .timing import graph_ms
 

@@ -6,7 +6,8 @@ import functools
 
 import torch
 
-from kernels import matmul_epilogue as me
+from kernels import linear_activation as la
+from kernels import softmax_regression as sr
 
 from . import traffic
 from .sweep import Compiled, Problem, Variant, tf32
@@ -65,34 +66,34 @@ def _ms_problem(B, K, C, dtype, s, precision):
 
     def nbytes(impl, method=None):
         return traffic.total(traffic.matmul_softmax_kernels(B, K, C, s, impl, method))
-    plan = me.matmul_softmax_plan(B, K, C, dtype, **kw)
+    plan = sr.matmul_softmax_plan(B, K, C, dtype, **kw)
     variants = [
-        Variant("torch_eager", tf32(me.matmul_softmax_reference, use_tf32),
+        Variant("torch_eager", tf32(sr.matmul_softmax_reference, use_tf32),
                 bytes_impl=nbytes("torch_eager")),
         Variant("cublas", tf32(_logits, use_tf32), variant="x @ W + b alone",
                 reference=_logits, bytes_impl=nbytes("cublas")),
-        Variant("triton_unfused", functools.partial(me.matmul_softmax_unfused, **kw),
+        Variant("triton_unfused", functools.partial(sr.matmul_softmax_unfused, **kw),
                 bytes_impl=nbytes("triton_unfused")),
-        Variant("triton_fused", functools.partial(me.matmul_softmax_fused, **kw),
+        Variant("triton_fused", functools.partial(sr.matmul_softmax_fused, **kw),
                 variant=plan.method, bytes_impl=nbytes("triton_fused", plan.method)),
     ]
-    for method in me.METHODS:
+    for method in sr.METHODS:
         if method == plan.method:
             continue
-        if method == me.SIMPLE and C > me.MAX_SIMPLE_C or method == me.TILED and C > me.MAX_TILED_C:
+        if method == sr.SIMPLE and C > sr.MAX_SIMPLE_C or method == sr.TILED and C > sr.MAX_TILED_C:
             continue
-        if method == me.SIMPLE and B * C > 2**24:  # one program per row, no tensor cores: slow
+        if method == sr.SIMPLE and B * C > 2**24:  # one program per row, no tensor cores: slow
             continue
         variants.append(Variant("triton_fused",
-                                functools.partial(me.matmul_softmax_fused, method=method, **kw),
+                                functools.partial(sr.matmul_softmax_fused, method=method, **kw),
                                 sweep="method", variant=method,
                                 bytes_impl=nbytes("triton_fused", method)))
-    variants.append(Variant("torch_compile", tf32(Compiled(me.matmul_softmax_reference), use_tf32),
+    variants.append(Variant("torch_compile", tf32(Compiled(sr.matmul_softmax_reference), use_tf32),
                             bytes_impl=nbytes("torch_compile")))
     return Problem(
         family="matmul_softmax", op="matmul_softmax", dtype=dtype, precision=precision,
         shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_inputs, B, K, C, dtype),
-        reference=me.matmul_softmax_reference, bytes_model=nbytes("triton_fused"),
+        reference=sr.matmul_softmax_reference, bytes_model=nbytes("triton_fused"),
         flops_model=traffic.matmul_softmax_flops(B, K, C), tolerance=TOLERANCE[precision],
         variants=variants, graph=True)
 
@@ -108,7 +109,7 @@ def linear_act_problems(grid: str = "full") -> list[Problem]:
         precision = "tf32" if dtype == torch.float32 else _name(dtype)
         kw = {"input_precision": "tf32"} if dtype == torch.float32 else {}
         use_tf32 = dtype == torch.float32
-        ref = functools.partial(me.linear_act_reference, activation=act)
+        ref = functools.partial(la.linear_act_reference, activation=act)
 
         def nbytes(impl, M=M, K=K, N=N, s=s):
             return traffic.total(traffic.linear_act_kernels(M, K, N, s, impl))
@@ -117,9 +118,9 @@ def linear_act_problems(grid: str = "full") -> list[Problem]:
             Variant("cublas", tf32(_plain_matmul, use_tf32), variant="x @ W alone",
                     reference=_plain_matmul, bytes_impl=nbytes("cublas")),
             Variant("triton_unfused",
-                    functools.partial(me.linear_act_unfused, activation=act, **kw),
+                    functools.partial(la.linear_act_unfused, activation=act, **kw),
                     bytes_impl=nbytes("triton_unfused")),
-            Variant("triton_fused", functools.partial(me.linear_act_fused, activation=act, **kw),
+            Variant("triton_fused", functools.partial(la.linear_act_fused, activation=act, **kw),
                     bytes_impl=nbytes("triton_fused")),
             Variant("torch_compile", tf32(Compiled(ref), use_tf32),
                     bytes_impl=nbytes("torch_compile")),

@@ -9,7 +9,6 @@ and the same rows in Parquet (family softmax_matmul, sweep "seed002").
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 from pathlib import Path
@@ -17,11 +16,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from kernels import softmax_v as smm
+
 from . import machine, schema, traffic
 from .attention import SEED_BLOCKS, SEED_D2, TOLERANCE
 from .sweep import classify, max_rel_err, tf32
 
-smm = importlib.import_module("kernels.softmax_matmul")
 BATCH, D1, D3 = 16, 2048, 512
 WARMUP, PASSES = 10, 100
 CSV_COLUMNS = ["batch_size", "d1", "d2", "d3", "triton", "BLOCK", "forward_ms_mean",

@@ -3,10 +3,11 @@
 from ._common import poisoned_outputs
 from .elementwise import add_mul
 from .layernorm import layer_norm
-from .matmul_epilogue import linear_act, matmul_softmax
-from .softmax import softmax
-from .softmax_matmul import softmax_matmul
-from .attention import attention
+from .linear_activation import linear_act
+from .softmax_regression import matmul_softmax
+from .row_softmax import softmax
+from .softmax_v import softmax_matmul
+from .flash_attention import attention
 
 __all__ = [
     "add_mul", "attention", "layer_norm", "linear_act", "matmul_softmax", "poisoned_outputs",

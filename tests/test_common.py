@@ -29,3 +29,14 @@ def test_sm_count_is_the_devices_or_the_named_stand_in(device):
         expected = torch.cuda.get_device_properties(device).multi_processor_count
         assert C.sm_count_of(device) == expected
     assert C.sm_count_of(None) == C.sm_count_of("cpu") == C.INTERPRETER_SM_COUNT
+
+
+def test_no_module_carries_an_ops_name():
+    """`kernels.softmax` is the op; a module of that name would be shadowed by it."""
+    import importlib.util
+
+    import kernels
+
+    ops = [name for name in kernels.__all__ if callable(getattr(kernels, name))]
+    for name in ops:
+        assert importlib.util.find_spec(f"kernels.{name}") is None, f"kernels/{name}.py shadows the op"

@@ -3,7 +3,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import matmul_epilogue as me
+from kernels import linear_activation as la
+from kernels import matmul_core as mc
+from kernels import softmax_regression as sr
 
 from conftest import rel_err
 
@@ -63,14 +65,14 @@ def check_probs(out, x, w, b, limit, stored=False):
 def test_matmul_softmax_matches_float64(method, shape, dtype, device):
     x, w, b = ms_inputs(*shape, dtype, device)
     if method == "unfused":
-        out = me.matmul_softmax_unfused(x, w, b)
+        out = sr.matmul_softmax_unfused(x, w, b)
     elif method == "public":
         out = kernels.matmul_softmax(x, w, b)
     elif method in ("online", "two_pass_store"):
         # Small class tiles: C = 300 spans five tiles to combine.
-        out = me.matmul_softmax_fused(x, w, b, method=method, block_c=64)
+        out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=64)
     else:
-        out = me.matmul_softmax_fused(x, w, b, method=None if method == "auto" else method)
+        out = sr.matmul_softmax_fused(x, w, b, method=None if method == "auto" else method)
     check_probs(out, x, w, b, tol(dtype), stored=method in ("unfused", "two_pass_store"))
 
 
@@ -78,9 +80,9 @@ def test_matmul_softmax_matches_float64(method, shape, dtype, device):
 def test_matmul_softmax_without_bias(method, device):
     x, w, _ = ms_inputs(33, 70, 50, torch.float32, device)
     if method == "unfused":
-        out = me.matmul_softmax_unfused(x, w)
+        out = sr.matmul_softmax_unfused(x, w)
     else:
-        out = me.matmul_softmax_fused(x, w, None, method=method)
+        out = sr.matmul_softmax_fused(x, w, None, method=method)
     check_probs(out, x, w, None, TOL["ieee"])
 
 
@@ -89,7 +91,7 @@ def test_matmul_softmax_without_bias(method, device):
 def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
     """Several row blocks (partial last), class tiles and K steps (K not a multiple of block_k)."""
     x, w, b = ms_inputs(37, 70, 300, dtype, device)
-    out = me.matmul_softmax_fused(x, w, b, method=method, block_b=16, block_c=32, block_k=16)
+    out = sr.matmul_softmax_fused(x, w, b, method=method, block_b=16, block_c=32, block_k=16)
     check_probs(out, x, w, b, tol(dtype), stored=method == "two_pass_store")
 
 
@@ -97,23 +99,23 @@ def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
 def test_matmul_softmax_many_class_tiles(method, device):
     """More than 128 class tiles: the combine kernel loops over them."""
     x, w, b = ms_inputs(3, 5, 2100, torch.float32, device)
-    out = me.matmul_softmax_fused(x, w, b, method=method, block_c=16)
+    out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=16)
     check_probs(out, x, w, b, TOL["ieee"])
 
 
 def test_matmul_softmax_tiled_blocks(device):
     x, w, b = ms_inputs(50, 70, 129, torch.float16, device)
-    out = me.matmul_softmax_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,
+    out = sr.matmul_softmax_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,
                                   num_stages=2)
     check_probs(out, x, w, b, tol(torch.float16))
-    out = me.matmul_softmax_fused(x, w, b, method="simple", block_k=8)
+    out = sr.matmul_softmax_fused(x, w, b, method="simple", block_k=8)
     check_probs(out, x, w, b, tol(torch.float16))
 
 
 def test_matmul_softmax_unfused_long_rows(device):
     """The unfused softmax's multi-tile (online) path, forced with a small tile."""
     x, w, b = ms_inputs(9, 20, 300, torch.float32, device)
-    out = me.matmul_softmax_unfused(x, w, b, softmax_block=64, block_m=16, block_n=32,
+    out = sr.matmul_softmax_unfused(x, w, b, softmax_block=64, block_m=16, block_n=32,
                                     block_k=16, group_m=2)
     check_probs(out, x, w, b, TOL["ieee"])
 
@@ -122,9 +124,9 @@ def test_matmul_softmax_unfused_long_rows(device):
 def test_matmul_softmax_tf32(method, device):
     x, w, b = ms_inputs(33, 70, 50, torch.float32, device)
     if method == "unfused":
-        out = me.matmul_softmax_unfused(x, w, b, input_precision="tf32")
+        out = sr.matmul_softmax_unfused(x, w, b, input_precision="tf32")
     else:
-        out = me.matmul_softmax_fused(x, w, b, method=method, input_precision="tf32")
+        out = sr.matmul_softmax_fused(x, w, b, method=method, input_precision="tf32")
     check_probs(out, x, w, b, TOL["tf32"])
 
 
@@ -137,9 +139,9 @@ def test_matmul_softmax_strided_operands(method, device):
     b = torch.stack([b2, b2], 1)[:, 0]
     assert not (x.is_contiguous() or w.is_contiguous() or b.is_contiguous())
     if method == "unfused":
-        out = me.matmul_softmax_unfused(x, w, b)
+        out = sr.matmul_softmax_unfused(x, w, b)
     else:
-        out = me.matmul_softmax_fused(x, w, b, method=method, block_c=16 if method in (
+        out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=16 if method in (
             "online", "two_pass_store") else None)
     check_probs(out, x, w, b, TOL["ieee"])
 
@@ -150,8 +152,8 @@ def test_matmul_softmax_empty_dims(method, device):
 
     def run(x, w, b):
         if fused:
-            return me.matmul_softmax_fused(x, w, b, method=method)
-        return me.matmul_softmax_unfused(x, w, b)
+            return sr.matmul_softmax_fused(x, w, b, method=method)
+        return sr.matmul_softmax_unfused(x, w, b)
 
     x, w, b = ms_inputs(0, 8, 5, torch.float32, device)
     assert run(x, w, b).shape == (0, 5)
@@ -168,14 +170,14 @@ def test_fused_half_is_no_worse_than_eager(method, dtype, device):
     """Fused logits stay in float32; eager rounds them (and the bias sum) to the half dtype."""
     x, w, b = ms_inputs(64, 64, 200, dtype, device, scale=4.0)
     ref = ms_ref64(x, w, b)
-    eager = rel_err(me.matmul_softmax_reference(x, w, b), ref)
-    fused = rel_err(me.matmul_softmax_fused(x, w, b, method=method, block_c=64
+    eager = rel_err(sr.matmul_softmax_reference(x, w, b), ref)
+    fused = rel_err(sr.matmul_softmax_fused(x, w, b, method=method, block_c=64
                                             if method == "online" else None), ref)
     assert fused <= eager
 
 
 def test_matmul_softmax_plan_defaults():
-    plan = me.matmul_softmax_plan
+    plan = sr.matmul_softmax_plan
     assert plan(65536, 256, 512, torch.float16).method == "tiled"
     assert plan(4096, 128, 32000, torch.float16).method == "online"
     assert plan(16384, 1024, 32000, torch.float16).method == "two_pass_store"
@@ -201,7 +203,7 @@ def la_inputs(M, K, N, dtype, device, bias=True):
 
 
 def la_ref64(x, w, b, activation):
-    return me.linear_act_reference(x.double(), w.double(), None if b is None else b.double(),
+    return la.linear_act_reference(x.double(), w.double(), None if b is None else b.double(),
                                    activation)
 
 
@@ -212,9 +214,9 @@ def la_ref64(x, w, b, activation):
 def test_linear_act_matches_float64(impl, bias, activation, dtype, device):
     x, w, b = la_inputs(33, 70, 50, dtype, device, bias)
     if impl == "fused":
-        out = me.linear_act_fused(x, w, b, activation)
+        out = la.linear_act_fused(x, w, b, activation)
     elif impl == "unfused":
-        out = me.linear_act_unfused(x, w, b, activation)
+        out = la.linear_act_unfused(x, w, b, activation)
     else:
         out = kernels.linear_act(x, w, b, activation=activation)
     assert out.shape == (33, 50) and out.dtype == dtype
@@ -223,7 +225,7 @@ def test_linear_act_matches_float64(impl, bias, activation, dtype, device):
     assert rel_err(out, la_ref64(x, w, b, activation)) <= limit
 
 
-@pytest.mark.parametrize("impl", [me.linear_act_fused, me.linear_act_unfused])
+@pytest.mark.parametrize("impl", [la.linear_act_fused, la.linear_act_unfused])
 def test_linear_act_ieee_and_blocks(impl, device):
     """IEEE float32; several tiles in both dims, partial groups, K not a multiple of block_k."""
     x, w, b = la_inputs(70, 40, 50, torch.float32, device)
@@ -235,7 +237,7 @@ def test_linear_act_ieee_and_blocks(impl, device):
 @pytest.mark.parametrize("shape", [(1, 1, 1), (64, 128, 10), (7, 3, 17), (0, 4, 5), (4, 0, 5)])
 def test_linear_act_odd_shapes(shape, device):
     x, w, b = la_inputs(*shape, torch.float32, device)
-    for impl in (me.linear_act_fused, me.linear_act_unfused):
+    for impl in (la.linear_act_fused, la.linear_act_unfused):
         out = impl(x, w, b, "relu", input_precision="ieee")
         assert out.shape == (shape[0], shape[2])
         if out.numel():
@@ -253,17 +255,17 @@ def test_linear_act_takes_transposed_linear_weight(device):
 
 def test_matmul_helper(device):
     x, w, b = la_inputs(20, 30, 40, torch.float16, device)
-    assert rel_err(me.matmul(x, w), x.double() @ w.double()) <= TOL[torch.float16]
-    assert rel_err(me.matmul(x, w, b, activation="relu"), la_ref64(x, w, b, "relu")) <= 1e-2
+    assert rel_err(mc.matmul(x, w), x.double() @ w.double()) <= TOL[torch.float16]
+    assert rel_err(mc.matmul(x, w, b, activation="relu"), la_ref64(x, w, b, "relu")) <= 1e-2
 
 
 def test_gemm_config_defaults():
-    cfg = me.gemm_config(8192, 8192, 8192, torch.float16, "tf32")
-    assert cfg == me.GemmConfig(128, 256, 64, 8, 8, 3)
-    assert me.gemm_config(8192, 8192, 8192, torch.float32, "tf32")[:3] == (128, 128, 32)
-    small = me.gemm_config(512, 512, 512, torch.float16, "tf32")
+    cfg = mc.gemm_config(8192, 8192, 8192, torch.float16, "tf32")
+    assert cfg == mc.GemmConfig(128, 256, 64, 8, 8, 3)
+    assert mc.gemm_config(8192, 8192, 8192, torch.float32, "tf32")[:3] == (128, 128, 32)
+    small = mc.gemm_config(512, 512, 512, torch.float16, "tf32")
     assert small.block_m * small.block_n <= 64 * 128  # shrunk to give the SMs work
-    assert me.gemm_config(5, 7, 3, torch.float16, "tf32")[:3] == (16, 16, 16)
+    assert mc.gemm_config(5, 7, 3, torch.float16, "tf32")[:3] == (16, 16, 16)
 
 
 # --------------------------------------------------------------------------- bad inputs
@@ -296,8 +298,8 @@ BAD = [
 
 
 @pytest.mark.parametrize("args, kwargs, exc, words", BAD)
-@pytest.mark.parametrize("fn", [me.matmul_softmax_fused, me.matmul_softmax_unfused,
-                                me.linear_act_fused, me.linear_act_unfused])
+@pytest.mark.parametrize("fn", [sr.matmul_softmax_fused, sr.matmul_softmax_unfused,
+                                la.linear_act_fused, la.linear_act_unfused])
 def test_bad_inputs_raise(fn, args, kwargs, exc, words, device):
     with pytest.raises(exc, match=words):
         fn(*args(device), **kwargs)
@@ -321,18 +323,18 @@ def test_bad_matmul_softmax_options_raise(kwargs, words, device):
     kwargs = dict(kwargs)
     x, w, b = ms_inputs(2, 3, kwargs.pop("C", 8), torch.float32, device)
     with pytest.raises(ValueError, match=words):
-        me.matmul_softmax_fused(x, w, b, **kwargs)
+        sr.matmul_softmax_fused(x, w, b, **kwargs)
 
 
 def test_bad_linear_act_options_raise(device):
     x, w, b = la_inputs(2, 3, 4, torch.float32, device)
-    for fn in (kernels.linear_act, me.linear_act_unfused):
+    for fn in (kernels.linear_act, la.linear_act_unfused):
         with pytest.raises(ValueError, match="activation must be one of"):
             fn(x, w, b, "silu")
     with pytest.raises(ValueError, match="block_m must be a power of two"):
-        me.linear_act_fused(x, w, b, block_m=48)
+        la.linear_act_fused(x, w, b, block_m=48)
     with pytest.raises(ValueError, match="softmax_block must be a power of two"):
-        me.matmul_softmax_unfused(x, w, b, softmax_block=10)
+        sr.matmul_softmax_unfused(x, w, b, softmax_block=10)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for a second device")
@@ -346,5 +348,5 @@ def test_many_rows_unaligned_classes(method, device):
     """B >= 4096 with C = 10: the weight's 20-byte rows are re-laid out in a padded buffer first."""
     x, w, b = ms_inputs(4096, 16, 10, torch.float16, device)
     kw = {"block_c": 16} if method == "two_pass_store" else {}
-    out = me.matmul_softmax_fused(x, w, b, method=method, **kw)
+    out = sr.matmul_softmax_fused(x, w, b, method=method, **kw)
     check_probs(out, x, w, b, TOL[torch.float16], stored=method == "two_pass_store")

@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import check_contiguous, check_pow2, check_same, check_tensor, empty, interpreting
-from .softmax_matmul import DOT_MIN, _bmm, _dot, _softmax_rows, _upcast_bf16
+from .softmax_v import DOT_MIN, _bmm, _dot, _softmax_rows, _upcast_bf16
 
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -203,7 +203,7 @@ def _check_inputs(q, k, v, causal, sm_scale):
             raise TypeError(
                 f"{name} has dtype {dt}; the attention kernel runs on float16 or bfloat16 "
                 f"(tensor-core inputs): cast with .half() or .bfloat16(), or use "
-                f"kernels.attention.reference for {dt}"
+                f"kernels.flash_attention.reference for {dt}"
             )
         check_tensor(name, t, dtypes=DTYPES, ndim=4)
     check_same([("q", q), ("k", k), ("v", v)])
@@ -296,7 +296,7 @@ def triton_unfused(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
     """The naive algorithm as three Triton kernels, each writing its result to memory:
     S = q k^T * scale (q's dtype), P = softmax(S) with the causal mask, O = P v.
 
-    The matmul and row-softmax kernels are those of kernels.softmax_matmul.
+    The matmul and row-softmax kernels are those of kernels.softmax_v.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape

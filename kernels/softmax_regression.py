@@ -1,19 +1,7 @@
-"""Matmul epilogue fusion: a matmul whose output is transformed before it is stored.
-
-Two ops share one Triton matmul kernel here:
-
-- `matmul_softmax(x, weight, bias)` = softmax(x @ weight + bias, -1), softmax regression: x (B, K),
-  weight (K, C), bias (C,). Unfused, the (B, C) logits are written by the matmul and read back by
-  a softmax kernel; fused, only the probabilities are written.
-- `linear_act(x, weight, bias, activation)` = act(x @ weight + bias): x (M, K), weight (K, N), i.e.
-  `x @ weight`, NOT F.linear's (N, K) layout (pass `linear.weight.t()`, any strides work). Unfused,
-  the pre-activation makes a round trip through memory; fused, the bias and activation are applied
-  to the float32 accumulator before the single store.
-
-In both unfused baselines the bias is added in the matmul's epilogue (as cuBLAS's addmm does), so
-fused vs unfused isolates the round trip of the (B, C) / (M, N) intermediate, stored in the input
-dtype as PyTorch eager stores it.
-
+"""Softmax regression, `matmul_softmax(x, weight, bias)` = softmax(x @ weight + bias, -1): x (B, K),
+weight (K, C), bias (C,). Unfused, the (B, C) logits are written by the matmul (the bias in its
+epilogue, as cuBLAS's addmm does) and read back by a softmax kernel; fused, only the probabilities
+are written. The matmul is kernels.matmul_core's.
 matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_softmax_plan`):
 
 - "simple": one program per row, all C logits of the row in registers, the product as broadcast
@@ -34,11 +22,10 @@ element); recomputing wins while K / peak_flops < e / bandwidth, i.e. K below ~2
 fp16 on an H100 (less for IEEE float32, whose FMA peak is ~10x lower). `ONLINE_MAX_K` holds the
 thresholds that `method=None` uses.
 
-Precision: float32 inputs take `input_precision="ieee"` in matmul_softmax by default, matching
-PyTorch's default (torch.backends.cuda.matmul.allow_tf32=False; the caller controls that flag for
-the references), "tf32" on request. linear_act defaults to "tf32" for float32 (what fast float32
-GEMMs use; label such rows tf32), "ieee" on request. float16/bfloat16 dots run in that dtype with
-float32 accumulation. Softmax and activation math run in float32; outputs are in the input dtype.
+Precision: float32 inputs take `input_precision="ieee"` by default, matching PyTorch's default
+(torch.backends.cuda.matmul.allow_tf32=False; the caller controls that flag for the reference),
+"tf32" on request. float16/bfloat16 dots run in that dtype with float32 accumulation. The softmax
+runs in float32; outputs are in the input dtype.
 
 Tile sizes come from deterministic heuristics (no autotuning), overridable by keyword.
 """
@@ -47,17 +34,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRETER_SM_COUNT, check_pow2, check_same, check_tensor, check_warps,
-                      default_warps, empty, sm_count_of)
-from ._common import dot as _dot
+from ._common import INTERPRETER_SM_COUNT, check_pow2, default_warps, empty, sm_count_of
 from ._common import upcast_bf16 as _upcast_bf16
+from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
+                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2)
 
-PRECISIONS = ("ieee", "tf32")
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
 SIMPLE, TILED, ONLINE, TWO_PASS_STORE = "simple", "tiled", "online", "two_pass_store"
 METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE)
 
@@ -66,15 +50,6 @@ MAX_SIMPLE_C = 1024
 MAX_TILED_C = 512
 # method=None recomputes the logits ("online") up to this K, else stores them (module docstring).
 ONLINE_MAX_K = {"half": 256, "tf32": 256, "ieee": 64}
-# Super-grouping of row blocks (Triton's matmul tutorial): programs that run together share
-# weight tiles in L2.
-GROUP = 8
-
-NEG_INF = tl.constexpr(float("-inf"))
-
-
-# ------------------------------------------------------------------------------------------------
-# References
 
 
 def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -88,126 +63,6 @@ def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -
         logits = logits + bias
     return torch.softmax(logits, -1)
 
-
-def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
-                         activation: str = "gelu") -> torch.Tensor:
-    """act(x @ weight + bias) in PyTorch eager; weight is (K, N). Same tf32 caveat as above."""
-    h = x @ weight
-    if bias is not None:
-        h = h + bias
-    if activation == "relu":
-        return torch.relu(h)
-    if activation == "gelu":
-        return F.gelu(h)
-    if activation == "gelu_tanh":
-        return F.gelu(h, approximate="tanh")
-    if activation == "none":
-        return h
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-
-
-# ------------------------------------------------------------------------------------------------
-# Shared device pieces
-
-
-
-
-@triton.jit
-def _grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile (pid_m, pid_n) of program pid, GROUP_M row blocks at a time down each column block,
-    so concurrently running programs reuse the same x rows and weight columns from L2."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % size_m
-    pid_n = (pid % in_group) // size_m
-    return pid_m, pid_n
-
-
-@triton.jit
-def _mm_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, s_am, s_ak, s_bk, s_bn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """float32 tile a[rows] @ b[:, cols]; returns (acc, rows, cols), rows/cols not wrapped.
-
-    As in Triton's matmul tutorial, rows and columns are wrapped modulo M and N so every load is in
-    bounds and only K needs a mask; the wrapped rows/columns are masked by the caller.
-    """
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_ld = tl.max_contiguous(tl.multiple_of(rows % M, BLOCK_M), BLOCK_M)
-    cols_ld = tl.max_contiguous(tl.multiple_of(cols % N, BLOCK_N), BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # int64 before the stride multiply: M * s_am can pass 2**31.
-    a_ptrs = a_ptr + rows_ld.to(tl.int64)[:, None] * s_am + offs_k[None, :] * s_ak
-    b_ptrs = b_ptr + offs_k[:, None] * s_bk + cols_ld.to(tl.int64)[None, :] * s_bn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
-        a_ptrs += BLOCK_K * s_ak
-        b_ptrs += BLOCK_K * s_bk
-    return acc, rows, cols
-
-
-@triton.jit
-def _add_bias(acc, bias_ptr, cols, N, s_bias, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        # Masked, not wrapped: a wrapped index would defeat the vectorisation hints of _mm_tile.
-        bias = tl.load(bias_ptr + cols * s_bias, mask=cols < N, other=0.0)
-        acc = acc + bias.to(tl.float32)[None, :]
-    return acc
-
-
-@triton.jit
-def _activate(h, ACTIVATION: tl.constexpr):
-    """The activation on a float32 tile."""
-    if ACTIVATION == "relu":
-        h = tl.maximum(h, 0.0)
-    elif ACTIVATION == "gelu":
-        h = 0.5 * h * (1.0 + tl.erf(h * 0.7071067811865476))  # exact: x * Phi(x)
-    elif ACTIVATION == "gelu_tanh":
-        # 0.5 * (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) * (h + 0.044715 h^3)
-        h = h * tl.sigmoid(1.5957691216057308 * (h + 0.044715 * h * h * h))
-    return h
-
-
-# ------------------------------------------------------------------------------------------------
-# The matmul kernel: plain (unfused baselines) or with a bias + activation epilogue (linear_act)
-
-
-@triton.jit
-def _matmul_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_bias,
-                   s_cm, s_cn, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
-    pid_m, pid_n = _grouped(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc, rows, cols = _mm_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, s_am, s_ak, s_bk, s_bn,
-                               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
-    acc = _add_bias(acc, bias_ptr, cols, N, s_bias, HAS_BIAS)
-    acc = _activate(acc, ACTIVATION)
-    # One rounding to the output dtype, at the store.
-    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * s_cm + cols[None, :] * s_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-@triton.jit
-def _activation_kernel(h_ptr, out_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
-    """The unfused activation: out = act(h), flat and contiguous, math in float32."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(out_ptr + offs, _activate(h, ACTIVATION).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -243,6 +98,7 @@ def _softmax_rows_kernel(s_ptr, out_ptr, C, s_sb, s_ob, BLOCK: tl.constexpr,
             s = tl.load(src + cols, mask=cols < C, other=NEG_INF).to(tl.float32)
             tl.store(dst + cols, (tl.exp(s - m_row) * inv_l).to(out_ptr.dtype.element_ty),
                      mask=cols < C)
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,122 +231,6 @@ def _ms_normalize_kernel(p_ptr, m_ptr, il_ptr, B, C, s_pb, BLOCK_R: tl.constexpr
     il = tl.load(il_ptr + rows, mask=row_ok, other=0.0)
     tl.store(ptrs, (tl.exp(s - m[:, None]) * il[:, None]).to(p_ptr.dtype.element_ty), mask=mask)
 
-
-# ------------------------------------------------------------------------------------------------
-# Host side: checks and plans
-
-
-def _check_operands(x, weight, bias, k_name="K", n_name="C"):
-    check_tensor("x", x, ndim=2)
-    check_tensor("weight", weight, ndim=2)
-    check_same([("x", x), ("weight", weight)])
-    if x.shape[1] != weight.shape[0]:
-        raise ValueError(
-            f"x is (rows, {k_name}) and weight is ({k_name}, {n_name}): x's {k_name}={x.shape[1]} "
-            f"but weight has {weight.shape[0]} rows (got x {tuple(x.shape)}, weight "
-            f"{tuple(weight.shape)}; an F.linear weight (out, in) must be passed transposed)"
-        )
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1)
-        check_same([("x", x), ("bias", bias)])
-        if bias.shape[0] != weight.shape[1]:
-            raise ValueError(f"bias must have shape ({weight.shape[1]},) to match weight's "
-                             f"{n_name}={weight.shape[1]}, got {tuple(bias.shape)}")
-
-
-def _precision(x, input_precision, default):
-    """The dot precision to compile with; only float32 operands have a choice."""
-    if input_precision is None:
-        input_precision = default
-    if input_precision not in PRECISIONS:
-        raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
-    return input_precision if x.dtype == torch.float32 else "tf32"
-
-
-def _precision_class(dtype, precision):
-    return precision if dtype == torch.float32 else "half"
-
-
-def _pow2(n, lo, hi):
-    """The power of two covering n, clamped to [lo, hi]."""
-    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
-
-
-def _launch_opts(num_warps, num_stages):
-    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
-        raise ValueError(f"num_stages must be a positive int, got {num_stages!r}")
-    return check_warps(num_warps), num_stages
-
-
-class GemmConfig(NamedTuple):
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-
-
-def gemm_config(M, N, K, dtype, precision, sm_count=INTERPRETER_SM_COUNT) -> GemmConfig:
-    """Default tiles of the matmul kernel: the tutorial's H100 fp16 config (128x256x64, 8 warps,
-    3 stages), half as wide for float32 (twice the bytes an element; tf32), a 64x128 FMA tile for
-    IEEE float32. Clamped to the problem, then halved while the grid would not fill the SMs."""
-    if dtype != torch.float32:
-        bm, bn, bk, warps = 128, 256, 64, 8
-    elif precision == "tf32":
-        bm, bn, bk, warps = 128, 128, 32, 8
-    else:
-        bm, bn, bk, warps = 64, 128, 32, 4
-    bm, bn, bk = _pow2(M, 16, bm), _pow2(N, 16, bn), _pow2(K, 16, bk)
-    while triton.cdiv(M, bm) * triton.cdiv(N, bn) < sm_count and max(bm, bn) > 64:
-        if bn >= bm:
-            bn //= 2
-        else:
-            bm //= 2
-    if bm * bn <= 64 * 64:
-        warps = 4
-    return GemmConfig(bm, bn, bk, GROUP, warps, 3)
-
-
-def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
-          num_warps, num_stages):
-    """Launch _matmul_kernel: out = act(x @ weight + bias); out is (M, N), any strides."""
-    M, K = x.shape
-    N = weight.shape[1]
-    cfg = gemm_config(M, N, K, x.dtype, precision, sm_count_of(x.device))
-    bm = check_pow2("block_m", cfg.block_m if block_m is None else block_m)
-    bn = check_pow2("block_n", cfg.block_n if block_n is None else block_n)
-    bk = check_pow2("block_k", cfg.block_k if block_k is None else block_k)
-    gm = check_pow2("group_m", cfg.group_m if group_m is None else group_m, lo=1)
-    warps, stages = _launch_opts(cfg.num_warps if num_warps is None else num_warps,
-                                 cfg.num_stages if num_stages is None else num_stages)
-    if M == 0 or N == 0:
-        return out
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    has_bias = bias is not None
-    _matmul_kernel[grid](
-        x, weight, bias if has_bias else x, out, M, N, K, *x.stride(), *weight.stride(),
-        bias.stride(0) if has_bias else 0, *out.stride(), HAS_BIAS=has_bias,
-        ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
-        EVEN_K=K % bk == 0, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
-        num_warps=warps, num_stages=stages)
-    return out
-
-
-def matmul(x, weight, bias=None, *, activation="none", input_precision=None, block_m=None,
-           block_n=None, block_k=None, group_m=None, num_warps=None, num_stages=None):
-    """act(x @ weight + bias) in one Triton matmul, x (M, K), weight (K, N), any strides.
-
-    The kernel shared by every path here: activation "none" and no bias is a plain matmul.
-    float32 defaults to IEEE here (the unfused matmul_softmax baseline); linear_act passes tf32.
-    """
-    _check_operands(x, weight, bias, "K", "N")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    precision = _precision(x, input_precision, "ieee")
-    out = empty((x.shape[0], weight.shape[1]), x.dtype, x.device)
-    return _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
-                 num_warps, num_stages)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -701,68 +441,6 @@ def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Te
     return matmul_softmax_fused(x, weight, bias)
 
 
-# ------------------------------------------------------------------------------------------------
-# linear + activation
 
-
-def _check_activation(activation):
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-
-
-def linear_act_fused(x, weight, bias=None, activation="gelu", *, input_precision=None,
-                     block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
-                     num_stages=None) -> torch.Tensor:
-    """One Triton matmul; bias and activation on the float32 accumulator before the one store.
-
-    float32 defaults to input_precision="tf32" (what fast float32 GEMMs use); "ieee" on request.
-    Defaults for the tiles: `gemm_config`.
-    """
-    _check_operands(x, weight, bias, "K", "N")
-    _check_activation(activation)
-    precision = _precision(x, input_precision, "tf32")
-    out = empty((x.shape[0], weight.shape[1]), x.dtype, x.device)
-    return _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
-                 num_warps, num_stages)
-
-
-def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precision=None,
-                       block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
-                       num_stages=None, block=None) -> torch.Tensor:
-    """Two Triton kernels: h = x @ weight + bias (bias in the matmul's epilogue) stored in x's
-    dtype, then out = act(h) elementwise (block: its 1-D block). Same precision as the fused."""
-    _check_operands(x, weight, bias, "K", "N")
-    _check_activation(activation)
-    precision = _precision(x, input_precision, "tf32")
-    M, N = x.shape[0], weight.shape[1]
-    h = empty((M, N), x.dtype, x.device)
-    out = empty((M, N), x.dtype, x.device)
-    _gemm(x, weight, bias, h, "none", precision, block_m, block_n, block_k, group_m, num_warps,
-          num_stages)
-    block = check_pow2("block", 2048 if block is None else block)
-    if h.numel():
-        _activation_kernel[(triton.cdiv(h.numel(), block),)](h, out, h.numel(),
-                                                            ACTIVATION=activation, BLOCK=block,
-                                                            num_warps=default_warps(block))
-    return out
-
-
-def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
-               activation: str = "gelu") -> torch.Tensor:
-    """act(x @ weight + bias) in one fused Triton matmul.
-
-    x (M, K), weight (K, N) -- x @ weight, not F.linear's (N, K): pass `linear.weight.t()` --,
-    bias (N,) or None; activation "relu", "gelu" (exact erf), "gelu_tanh" or "none". One dtype for
-    all (float32, float16, bfloat16), any strides. float32 runs the matmul in TF32.
-    """
-    return linear_act_fused(x, weight, bias, activation)
-
-
-# The three implementations of each op, for sweeps.
-IMPLS = {
-    "matmul_softmax": {"reference": matmul_softmax_reference,
-                       "triton_unfused": matmul_softmax_unfused,
-                       "triton_fused": matmul_softmax_fused},
-    "linear_act": {"reference": linear_act_reference, "triton_unfused": linear_act_unfused,
-                   "triton_fused": linear_act_fused},
-}
+IMPLS = {"reference": matmul_softmax_reference, "triton_unfused": matmul_softmax_unfused,
+         "triton_fused": matmul_softmax_fused}

@@ -1,0 +1,95 @@
+"""Linear + activation, `linear_act(x, weight, bias, activation)` = act(x @ weight + bias): x (M, K),
+weight (K, N), i.e. `x @ weight`, NOT F.linear's (N, K) layout (pass `linear.weight.t()`, any
+strides work). Unfused, the pre-activation (bias added in the matmul's epilogue) makes a round
+trip through memory, stored in the input dtype as PyTorch eager stores it; fused, the bias and
+activation are applied to the float32 accumulator before the single store. Both use
+kernels.matmul_core's matmul. float32 defaults to "tf32" here (what fast float32 GEMMs use; label
+such rows tf32), "ieee" on request.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from ._common import check_pow2, default_warps, empty
+from .matmul_core import ACTIVATIONS, _activation_kernel, _check_operands, _gemm, _precision
+
+
+def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
+                         activation: str = "gelu") -> torch.Tensor:
+    """act(x @ weight + bias) in PyTorch eager; weight is (K, N). Same tf32 caveat as above."""
+    h = x @ weight
+    if bias is not None:
+        h = h + bias
+    if activation == "relu":
+        return torch.relu(h)
+    if activation == "gelu":
+        return F.gelu(h)
+    if activation == "gelu_tanh":
+        return F.gelu(h, approximate="tanh")
+    if activation == "none":
+        return h
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+
+# ------------------------------------------------------------------------------------------------
+# linear + activation
+
+
+def _check_activation(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def linear_act_fused(x, weight, bias=None, activation="gelu", *, input_precision=None,
+                     block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
+                     num_stages=None) -> torch.Tensor:
+    """One Triton matmul; bias and activation on the float32 accumulator before the one store.
+
+    float32 defaults to input_precision="tf32" (what fast float32 GEMMs use); "ieee" on request.
+    Defaults for the tiles: `gemm_config`.
+    """
+    _check_operands(x, weight, bias, "K", "N")
+    _check_activation(activation)
+    precision = _precision(x, input_precision, "tf32")
+    out = empty((x.shape[0], weight.shape[1]), x.dtype, x.device)
+    return _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
+                 num_warps, num_stages)
+
+
+def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precision=None,
+                       block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
+                       num_stages=None, block=None) -> torch.Tensor:
+    """Two Triton kernels: h = x @ weight + bias (bias in the matmul's epilogue) stored in x's
+    dtype, then out = act(h) elementwise (block: its 1-D block). Same precision as the fused."""
+    _check_operands(x, weight, bias, "K", "N")
+    _check_activation(activation)
+    precision = _precision(x, input_precision, "tf32")
+    M, N = x.shape[0], weight.shape[1]
+    h = empty((M, N), x.dtype, x.device)
+    out = empty((M, N), x.dtype, x.device)
+    _gemm(x, weight, bias, h, "none", precision, block_m, block_n, block_k, group_m, num_warps,
+          num_stages)
+    block = check_pow2("block", 2048 if block is None else block)
+    if h.numel():
+        _activation_kernel[(triton.cdiv(h.numel(), block),)](h, out, h.numel(),
+                                                            ACTIVATION=activation, BLOCK=block,
+                                                            num_warps=default_warps(block))
+    return out
+
+
+def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
+               activation: str = "gelu") -> torch.Tensor:
+    """act(x @ weight + bias) in one fused Triton matmul.
+
+    x (M, K), weight (K, N) -- x @ weight, not F.linear's (N, K): pass `linear.weight.t()` --,
+    bias (N,) or None; activation "relu", "gelu" (exact erf), "gelu_tanh" or "none". One dtype for
+    all (float32, float16, bfloat16), any strides. float32 runs the matmul in TF32.
+    """
+    return linear_act_fused(x, weight, bias, activation)
+
+
+IMPLS = {"reference": linear_act_reference, "triton_unfused": linear_act_unfused,
+         "triton_fused": linear_act_fused}

@@ -75,41 +75,41 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
         if family == "elementwise":
             u = traffic.add_mul_kernels(r.n, e, r.z_kind, fused=False)
             f = traffic.add_mul_kernels(r.n, e, r.z_kind, fused=True)
-            label = f"add-mul {r.dtype} n={R.pow2(r.n)} z {r.z_kind}"
+            label = f"{r.dtype}, n = {R.pow2(r.n)}, z {r.z_kind}"
             flops = traffic.add_mul_flops(r.n)
         elif family == "softmax":
             u = traffic.softmax_kernels(r.rows, r.width, e, "triton_unfused")
             f = traffic.softmax_kernels(r.rows, r.width, e, "triton_fused")
-            label = f"softmax {r.dtype} {r.rows}×{r.width}"
+            label = f"{r.dtype}, {r.rows}×{r.width}"
             flops = traffic.softmax_flops(r.rows, r.width)
         elif family == "layernorm":
             if r.direction != "fwd":
                 continue  # the unfused Triton version is a forward
             u = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_unfused")
             f = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_fused")
-            label = f"LayerNorm fwd {r.dtype} {r.rows}×{r.width}"
+            label = f"{r.dtype}, {r.rows}×{r.width}"
             flops = traffic.layer_norm_flops(r.rows, r.width)
         elif family == "softmax_matmul":
             u = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_unfused")
             f = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_fused")
-            label = f"softmax(X) @ V {r.precision} d2={r.d2}"
+            label = f"{r.precision}, d2 = {r.d2}"
             flops = traffic.softmax_matmul_flops(r.batch, r.d1, r.d2, r.d3)
         elif family == "attention":
             if r.causal:
                 continue  # the model's kernels count the full square
             u = traffic.attention_kernels(r.batch, r.heads, r.seq, r.head_dim, e, "triton_unfused")
             f = traffic.attention_kernels(r.batch, r.heads, r.seq, r.head_dim, e, "triton_fused")
-            label = f"attention {r.dtype} S={r.seq} d={r.head_dim}"
+            label = f"{r.dtype}, seq {r.seq}, head_dim {r.head_dim}"
             flops = traffic.attention_flops(r.batch, r.heads, r.seq, r.head_dim, False)
         elif family == "matmul_softmax":
             u = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_unfused")
             f = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_fused")
-            label = f"matmul+softmax {r.precision} {r.m}×{r.k}×{r.n}"
+            label = f"{r.precision}, {r.m}×{r.k}×{r.n}"
             flops = traffic.matmul_softmax_flops(r.m, r.k, r.n)
         else:
             u = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_unfused")
             f = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_fused")
-            label = f"linear+{r.activation} {r.precision} {r.m}×{r.k}×{r.n}"
+            label = f"{r.precision}, {r.m}×{r.k}×{r.n}, {r.activation}"
             flops = 2 * r.m * r.k * r.n
         out.append(Case(family, label, where, u, f, flops))
     return out
@@ -209,6 +209,27 @@ def headline_table(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.
     return pd.DataFrame(rows)
 
 
+def headline_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The headline table as the chapter shows it: bytes and launches as "unfused → fused", the
+    speedups (their time / ours), the library named beside its speedup."""
+    def speed(v):
+        return "—" if v != v else f"{v:.2f}"
+
+    return pd.DataFrame({
+        "family": table["family"],
+        "case": table["case"],
+        "MB": [f"{u:,.0f} → {f:,.0f}" for u, f in zip(table["MB unfused"], table["MB fused"])],
+        "launches": [f"{u} → {f}" for u, f in zip(table["launches unfused"], table["launches fused"])],
+        "FLOP/B": [f"{v:.3g}" if v < 100 else f"{v:,.0f}" for v in table["FLOP/byte"]],
+        "fused ms": [f"{v:.3g}" for v in table["fused ms"]],
+        "× Triton unfused": table["vs Triton unfused"].map(speed),
+        "× eager": table["vs eager"].map(speed),
+        "× compile": table["vs torch.compile"].map(speed),
+        "× library": [speed(v) + ("" if v != v else f" ({name})")
+                      for v, name in zip(table["vs best library"], table["best library"])],
+    })
+
+
 def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
     """Every fused configuration: arithmetic intensity (FLOPs / model bytes) and attained
     TFLOP/s, with the limits of its run and precision."""
@@ -242,8 +263,14 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
                              aggfunc="max", sort=False)
     order = [c for c in R.IMPL_ORDER if c in t.columns] + [c for c in t.columns if c not in R.IMPL_ORDER]
     t = t[order]
-    t.columns = [R.IMPL_LABEL.get(c, c) for c in t.columns]
+    t.columns = [SHORT_LABEL.get(c, c) for c in t.columns]
     return t
+
+
+# Column heads narrow enough for a table of every implementation on a page.
+SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile", "triton_unfused": "Triton unfused",
+               "triton_fused": "Triton fused", "sdpa_flash": "SDPA FA2", "sdpa_cudnn": "SDPA cuDNN",
+               "sdpa_efficient": "SDPA mem-eff.", "cublas": "cuBLAS alone"}
 
 
 # A baseline "wins" when our time exceeds its by more than run-to-run noise (rows over 50 us

@@ -43,6 +43,9 @@ FAMILY_SHAPES = {
     "matmul_softmax": {"m": I, "k": I, "n": I},
     "linear_act": {"m": I, "k": I, "n": I, "activation": S},
 }
+# The limits name a matmul precision by its short label; rows name half precisions by their dtype.
+PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
+
 STATUSES = ("ok", "oom", "out_of_resources", "compile_error", "unsupported", "wrong_result")
 
 LIMITS = {

@@ -180,14 +180,11 @@ def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> 
     row["gbps"] = problem.bytes_model / ms / 1e6
     row["tflops"] = problem.flops_model / ms / 1e9
     copy_bw = limits.get(("copy_bw", "ieee"))
-    peak_tf = limits.get(("matmul_peak", PEAK_PRECISION.get(problem.precision, problem.precision)))
+    peak_key = schema.PEAK_PRECISION.get(problem.precision, problem.precision)
+    peak_tf = limits.get(("matmul_peak", peak_key))
     row["pct_copy_bw"] = 100 * row["gbps"] / copy_bw if copy_bw else None
     row["pct_matmul_peak"] = 100 * row["tflops"] / peak_tf if peak_tf else None
     return row
-
-
-# The limits name a matmul precision by its short label; rows name half precisions by dtype.
-PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def limits_lookup(limit_rows: list[dict]) -> dict:

@@ -15,12 +15,11 @@ import pandas as pd
 
 from . import report as R
 from . import traffic
+from .schema import PEAK_PRECISION
 
 # Whole implementations of an op by a library (cuBLAS rows are the matmul alone: a reference
 # point, not an implementation of the fused op).
 LIBRARIES = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
-# Rows name half precisions by dtype, the limits by their short label.
-PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def device_time(df: pd.DataFrame) -> pd.Series:

@@ -7,7 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels import layernorm as ln
+from kernels import layernorm as ln, layernorm_backward as lnb
 from kernels import row_softmax as sm
 
 from . import traffic
@@ -181,7 +181,7 @@ class _DirectBackward:
             else:
                 self.saved = torch.ops.aten.native_layer_norm(x, [n], w, b, EPS)[1:]
         if self.kind == "fused":
-            return ln._backward(dy, x, w, self.saved, True, True, None, None, None)
+            return lnb.backward(dy, x, w, self.saved, True, True, None, None, None)
         fn = self.compiled if self.kind == "compile" else _aten_ln_backward
         return fn(dy, x, *self.saved, w, b)
 

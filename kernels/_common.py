@@ -135,6 +135,9 @@ def next_pow2(n: int) -> int:
 # The SM count plans assume where there is no GPU to ask (Triton's interpreter on the CPU): an H100
 # SXM's, so that the interpreter plans, and the tests check, what an H100 would run.
 INTERPRETER_SM_COUNT = 132
+# When set, every plan takes this SM count instead of the device's (the tests set it small so that
+# persistent programs loop over several tiles or rows).
+SM_COUNT_OVERRIDE: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +147,10 @@ def _cuda_sm_count(device: torch.device) -> int:
 
 
 def sm_count_of(device=None) -> int:
-    """The number of SMs of `device` (a CUDA device), else INTERPRETER_SM_COUNT."""
+    """The number of SMs of `device` (a CUDA device), else INTERPRETER_SM_COUNT (either way
+    SM_COUNT_OVERRIDE when set)."""
+    if SM_COUNT_OVERRIDE is not None:
+        return SM_COUNT_OVERRIDE
     if device is not None and torch.device(device).type == "cuda":
         return _cuda_sm_count(torch.device(device))
     return INTERPRETER_SM_COUNT

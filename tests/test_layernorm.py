@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import layernorm as ln
+from kernels import _common, layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
 
 from conftest import TOL, rel_err
 
@@ -122,7 +122,7 @@ def test_backward_looping(affine, n, dtype, device):
 def test_few_programs(n, dtype, sms, device, monkeypatch):
     """With the SM count set to 1 or 3, the persistent forward's programs loop over several row
     tiles (prefetching the next) and the backward's groups span many rows and tiles."""
-    monkeypatch.setattr(ln, "SM_COUNT", sms)
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", sms)
     x, w, b = make((45, n), dtype, device)
     dy = torch.randn(45, n, device=device).to(dtype)
     got = grads(ln.triton_fused, x, w, b, dy)
@@ -142,15 +142,15 @@ def test_few_programs(n, dtype, sms, device, monkeypatch):
 def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
     """bwd_groups(rows) (the traffic model's partial-sum rows) is the partial buffer's size,
     whether the SMs or the rows (MIN_ROWS_PER_GROUP each) limit it."""
-    monkeypatch.setattr(ln, "SM_COUNT", sms)
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", sms)
     shapes = []
 
     def spy(shape, dtype, dev):
         shapes.append(tuple(shape))
         return real(shape, dtype, dev)
 
-    real = ln.empty
-    monkeypatch.setattr(ln, "empty", spy)
+    real = lnb.empty
+    monkeypatch.setattr(lnb, "empty", spy)
     x, w, b = make((rows, n), torch.float32, device)
     grads(ln.triton_fused, x, w, b, torch.randn(rows, n, device=device))
     assert (2, ln.bwd_groups(rows, device), n) in shapes
@@ -300,10 +300,10 @@ def test_bad_options_raise(kw, exc, words, device):
 def test_programs_per_sm():
     """The persistent forward's grid: blocks an H100 SM holds at once (65536 registers in units of
     256 a warp, 2048 threads, 32 blocks, 228 KiB of shared memory)."""
-    assert ln._programs_per_sm(64, 32, 8) == 4
-    assert ln._programs_per_sm(80, 2048, 8) == 3  # 80 * 256 * 3 <= 65536 < 80 * 256 * 4
-    assert ln._programs_per_sm(86, 64, 16) == 1
-    assert ln._programs_per_sm(64, 128, 32) == 1
-    assert ln._programs_per_sm(16, 0, 1) == 32  # the block limit
-    assert ln._programs_per_sm(32, 100 * 1024, 2) == 2  # the shared-memory limit
-    assert ln._programs_per_sm(255, 0, 32) == 1  # never 0
+    assert lnf._programs_per_sm(64, 32, 8) == 4
+    assert lnf._programs_per_sm(80, 2048, 8) == 3  # 80 * 256 * 3 <= 65536 < 80 * 256 * 4
+    assert lnf._programs_per_sm(86, 64, 16) == 1
+    assert lnf._programs_per_sm(64, 128, 32) == 1
+    assert lnf._programs_per_sm(16, 0, 1) == 32  # the block limit
+    assert lnf._programs_per_sm(32, 100 * 1024, 2) == 2  # the shared-memory limit
+    assert lnf._programs_per_sm(255, 0, 32) == 1  # never 0

@@ -25,7 +25,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import check_contiguous, check_pow2, check_same, check_tensor, empty, interpreting
-from .softmax_v import DOT_MIN, _bmm, _dot, _softmax_rows, _upcast_bf16
+from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
+from .stored_softmax import softmax_rows
 
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -296,7 +297,7 @@ def triton_unfused(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
     """The naive algorithm as three Triton kernels, each writing its result to memory:
     S = q k^T * scale (q's dtype), P = softmax(S) with the causal mask, O = P v.
 
-    The matmul and row-softmax kernels are those of kernels.softmax_v.
+    The matmul kernel is kernels.softmax_v's, the row softmax kernels.stored_softmax's.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape
@@ -304,7 +305,7 @@ def triton_unfused(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
         return empty(q.shape, q.dtype, q.device)
     q3, k3, v3 = (t.reshape(batch * heads, seq, head_dim) for t in (q, k, v))
     s = _bmm(q3, k3.transpose(1, 2), alpha=sm_scale)
-    p = _softmax_rows(s, causal=causal)
+    p = softmax_rows(s, causal=causal, max_warps=8)
     return _bmm(p, v3).view(q.shape)
 
 

@@ -221,3 +221,8 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
     last dim contiguous. weight, bias: None or contiguous (N,) tensors of x's dtype and device, N
     = x.shape[-1]. Statistics and math in float32; output (and gradients) in x's dtype."""
     return triton_fused(x, weight, bias, eps)
+
+
+# The plans' limits and the backward's group count, for the tests, the sweep and the traffic model.
+__all__ = ["BWD_MAX_ONE_TILE", "MAX_ONE_TILE", "bwd_groups", "layer_norm", "reference",
+           "triton_fused", "triton_unfused"]

@@ -37,8 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETER_SM_COUNT, check_pow2, default_warps, empty, sm_count_of
+from ._common import INTERPRETER_SM_COUNT, check_pow2, empty, sm_count_of
 from ._common import upcast_bf16 as _upcast_bf16
+from .stored_softmax import softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
                           _launch_opts, _mm_tile, _precision, _precision_class, _pow2)
 
@@ -62,42 +63,6 @@ def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -
     if bias is not None:
         logits = logits + bias
     return torch.softmax(logits, -1)
-
-
-
-@triton.jit
-def _softmax_rows_kernel(s_ptr, out_ptr, C, s_sb, s_ob, BLOCK: tl.constexpr,
-                         ONE_TILE: tl.constexpr):
-    """The unfused softmax: one program per row of the stored logits."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    src = s_ptr + row * s_sb
-    dst = out_ptr + row * s_ob
-    if ONE_TILE:
-        # The whole row in registers: logits read once.
-        s = tl.load(src + offs, mask=offs < C, other=NEG_INF).to(tl.float32)
-        p = tl.exp(s - tl.max(s, 0))
-        tl.store(dst + offs, (p * (1.0 / tl.sum(p, 0))).to(out_ptr.dtype.element_ty),
-                 mask=offs < C)
-    else:
-        # Long rows: lane-wise online (max, sum) over the tiles, then a second read to write.
-        m = tl.full([BLOCK], NEG_INF, tl.float32)
-        l = tl.zeros([BLOCK], tl.float32)
-        for start in tl.range(0, C, BLOCK):
-            cols = start + offs
-            s = tl.load(src + cols, mask=cols < C, other=NEG_INF).to(tl.float32)
-            m_new = tl.maximum(m, s)
-            # Lanes that have seen only -inf shift by 0, not -inf (no NaN from -inf - -inf).
-            shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-            l = l * tl.exp(m - shift) + tl.exp(s - shift)
-            m = m_new
-        m_row = tl.max(m, 0)
-        inv_l = 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
-        for start in tl.range(0, C, BLOCK):
-            cols = start + offs
-            s = tl.load(src + cols, mask=cols < C, other=NEG_INF).to(tl.float32)
-            tl.store(dst + cols, (tl.exp(s - m_row) * inv_l).to(out_ptr.dtype.element_ty),
-                     mask=cols < C)
 
 
 
@@ -402,14 +367,6 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     return out
 
 
-def _softmax_rows(logits, out, block=None):
-    B, C = logits.shape
-    block = check_pow2("softmax_block", _pow2(C, 16, 16384) if block is None else block)
-    _softmax_rows_kernel[(B,)](logits, out, C, logits.stride(0), out.stride(0), BLOCK=block,
-                               ONE_TILE=C <= block, num_warps=default_warps(block))
-    return out
-
-
 def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_m=None,
                            block_n=None, block_k=None, group_m=None, num_warps=None,
                            num_stages=None, softmax_block=None) -> torch.Tensor:
@@ -428,7 +385,7 @@ def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_
           num_warps, num_stages)
     if B == 0 or C == 0:
         return out
-    return _softmax_rows(logits, out, softmax_block)
+    return softmax_rows(logits, out, block=softmax_block, max_block=16384)
 
 
 def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:

@@ -21,6 +21,7 @@ import triton.language as tl
 from ._common import check_pow2, check_same, check_tensor, empty
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
+from .stored_softmax import softmax_rows
 
 DOT_MIN = " (tl.dot's minimum)"
 
@@ -88,41 +89,6 @@ def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, d1, d2, d3,
 
 
 @triton.jit
-def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, so_2, scale,
-                         CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
-    """softmax(scale * x) over the last dim, one program per row, written in out's dtype.
-
-    CAUSAL masks columns past the row's index (attention's unfused path reuses this kernel).
-    Two passes over the row: an online max/sum, then the normalised write.
-    """
-    r = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)
-    x_row = x_ptr + b * sx_b + r * sx_1
-    o_row = out_ptr + b * so_b + r * so_1
-    offs = tl.arange(0, BLOCK).to(tl.int64)
-    n = d2
-    if CAUSAL:
-        n = tl.minimum(d2, r + 1)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK], tl.float32)
-    for start in tl.range(0, n, BLOCK):
-        ks = start + offs
-        s = tl.load(x_row + ks * sx_2, mask=ks < n, other=float("-inf")).to(tl.float32) * scale
-        m_new = tl.maximum(m, s)
-        # Lanes that have seen only -inf keep l = 0 (no NaN from -inf - -inf).
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp(m - m_sub) + tl.exp(s - m_sub)
-        m = m_new
-    m_row = tl.max(m, 0)
-    l_row = tl.sum(l * tl.exp(m - m_row), 0)
-    for start in tl.range(0, d2, BLOCK):
-        ks = start + offs
-        s = tl.load(x_row + ks * sx_2, mask=ks < n, other=float("-inf")).to(tl.float32) * scale
-        p = tl.exp(s - m_row) / l_row
-        tl.store(o_row + ks * so_2, p.to(out_ptr.dtype.element_ty), mask=ks < d2)
-
-
-@triton.jit
 def _bmm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sa_b, sa_m, sa_k, sb_b, sb_k, sb_n, sc_b, sc_m, sc_n,
                 alpha, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -145,20 +111,6 @@ def _bmm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sa_b, sa_m, sa_k, sb_b, sb_k, sb_n
         acc = _dot(a, bt, acc, INPUT_PRECISION, UPCAST)
     tl.store(c_ptr + bi * sc_b + rm[:, None] * sc_m + rn[None, :] * sc_n,
              (acc * alpha).to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-def _softmax_rows(x: torch.Tensor, *, scale: float = 1.0, causal: bool = False, block=None,
-                  num_warps=None) -> torch.Tensor:
-    """softmax(scale * x, -1) of a 3-D tensor, in x's dtype (a stored intermediate)."""
-    batch, d1, d2 = x.shape
-    out = empty(x.shape, x.dtype, x.device)
-    if block is None:
-        block = min(max(16, triton.next_power_of_2(d2)), 4096)
-    if num_warps is None:
-        num_warps = max(1, min(8, block // 256))
-    _softmax_rows_kernel[(d1, batch)](x, out, d1, d2, *x.stride(), *out.stride(), float(scale),
-                                      CAUSAL=causal, BLOCK=block, num_warps=num_warps)
-    return out
 
 
 def _bmm(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, input_precision="ieee",
@@ -252,14 +204,13 @@ def triton_unfused(x, v, *, block_m=None, block_n=None, block_k=None, input_prec
     """Two Triton kernels: P = softmax(x) (stored, x's dtype), then P @ v (same dot precision)."""
     precision = _check_inputs(x, v, input_precision)
     batch, d1, d2 = x.shape
-    d3 = v.shape[2]
     block_m = check_pow2("block_m", 64 if block_m is None else block_m, why=DOT_MIN)
     block_n = check_pow2("block_n", 64 if block_n is None else block_n, why=DOT_MIN)
     block_k = check_pow2("block_k", 32 if block_k is None else block_k, why=DOT_MIN)
     trivial = _trivial(x, v)
     if trivial is not None:
         return trivial
-    p = _softmax_rows(x)
+    p = softmax_rows(x, max_warps=8)
     return _bmm(p, v, input_precision=precision, block_m=block_m, block_n=block_n, block_k=block_k,
                 num_warps=4 if num_warps is None else num_warps,
                 num_stages=3 if num_stages is None else num_stages)

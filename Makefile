@@ -56,15 +56,15 @@ test: setup ## correctness tests (GPU if present, else Triton's interpreter on t
 
 bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
-	$(RUN_PY) -m analysis --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(RUN_PY) -m triton_fusion_report.analysis --out $(BENCH_OUT) $(BENCH_ARGS)
 	@# The full bench includes seed 002's own protocol (the attention chapter shows its CSV).
-	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m analysis.seed002 --out $(BENCH_OUT) && \
-	  $(RUN_PY) -m analysis.host_overhead --out $(BENCH_OUT)/host_overhead.csv; fi
+	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m triton_fusion_report.analysis.seed002 --out $(BENCH_OUT) && \
+	  $(RUN_PY) -m triton_fusion_report.analysis.host_overhead --out $(BENCH_OUT)/host_overhead.csv; fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }
-	$(RUN_PY) -m analysis.seed002 --out $(BENCH_OUT)
+	$(RUN_PY) -m triton_fusion_report.analysis.seed002 --out $(BENCH_OUT)
 
 # Quarto: from the PATH, else the venv's, else `pip install quarto-cli` into the venv; sets q.
 FIND_QUARTO = q=$$(command -v quarto || true); \
@@ -108,7 +108,7 @@ report: setup ## GPU: test, bench, render the fresh run. No GPU: render the comm
 
 smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (interpreter), for the report tests
 	rm -rf tests/data/smoke
-	TRITON_INTERPRET=1 $(RUN_PY) -m analysis --out tests/data/smoke --grid smoke --device cpu --no-progress
+	TRITON_INTERPRET=1 $(RUN_PY) -m triton_fusion_report.analysis --out tests/data/smoke --grid smoke --device cpu --no-progress
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
 	rm -rf $(VENV) $(OUTPUT_DIR) report/.quarto results/runs .pytest_cache

@@ -1,4 +1,4 @@
-"""`python -m analysis --out DIR [--grid full|smoke] [--family NAME ...]`: run the sweeps.
+"""`python -m triton_fusion_report.analysis --out DIR [--grid full|smoke] [--family NAME ...]`: run the sweeps.
 
 Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
 family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
@@ -27,7 +27,7 @@ FAMILIES = {
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="results folder to create")
     ap.add_argument("--grid", default="full", choices=["full", "smoke"])
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
 
     device = torch.device(args.device)
     if device.type == "cpu":
-        from kernels._common import interpreting
+        from ..kernels._common import interpreting
 
         if not interpreting():
             ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")

@@ -7,8 +7,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels import flash_attention as attn
-from kernels import softmax_v as smm
+from ..kernels import flash_attention as attn
+from ..kernels import softmax_v as smm
 
 from . import traffic
 from .sweep import Compiled, Problem, Variant, tf32

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from kernels import elementwise as ew
+from ..kernels import elementwise as ew
 
 from . import traffic
 from .sweep import Compiled, Problem, Variant

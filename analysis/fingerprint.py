@@ -1,4 +1,4 @@
-"""`python -m analysis.fingerprint --out F.json`: what every Triton implementation launches and
+"""`python -m triton_fusion_report.analysis.fingerprint --out F.json`: what every Triton implementation launches and
 returns on every smoke configuration, to show that a refactoring changed nothing.
 
 For each family's smoke grid, each Triton variant runs once on inputs drawn from a fixed seed; the
@@ -90,7 +90,8 @@ def compare(a: dict, b: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.fingerprint", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.fingerprint",
+                                 description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))

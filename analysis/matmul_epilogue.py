@@ -6,8 +6,8 @@ import functools
 
 import torch
 
-from kernels import linear_activation as la
-from kernels import softmax_regression as sr
+from ..kernels import linear_activation as la
+from ..kernels import softmax_regression as sr
 
 from . import traffic
 from .sweep import Compiled, Problem, Variant, tf32

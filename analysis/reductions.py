@@ -7,8 +7,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels import layernorm as ln, layernorm_backward as lnb
-from kernels import row_softmax as sm
+from ..kernels import layernorm as ln, layernorm_backward as lnb
+from ..kernels import row_softmax as sm
 
 from . import traffic
 from .sweep import Compiled, Problem, Variant

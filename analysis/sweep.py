@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from kernels import poisoned_outputs
+from ..kernels import poisoned_outputs
 
 from . import schema
 from .timing import bench, device_ms, peak_mib

@@ -1,4 +1,4 @@
-"""`python -m analysis.tune NAME --out DIR`: time a kernel's launch configurations on one problem
+"""`python -m triton_fusion_report.analysis.tune NAME --out DIR`: time a kernel's launch configurations on one problem
 and print them best first (CSV in DIR). How the defaults in kernels/ were chosen; see NOTES.md."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .sweep import classify, max_rel_err
 
 
 def _smm(precision: str, d2: int = 1024):
-    from kernels import softmax_v as smm
+    from ..kernels import softmax_v as smm
 
     x = torch.randn(16, 2048, d2, device="cuda")
     v = torch.randn(16, d2, 512, device="cuda")
@@ -35,7 +35,7 @@ SPACES = {
 def main(argv=None) -> int:
     from triton.testing import do_bench
 
-    ap = argparse.ArgumentParser(prog="python -m analysis.tune")
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.tune")
     ap.add_argument("names", nargs="+", choices=sorted(SPACES))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--top", type=int, default=8)

@@ -22,7 +22,7 @@ def device():
 @pytest.fixture(autouse=True)
 def _poison_outputs():
     """Every kernel output starts as NaN, so an element a kernel fails to write fails the test."""
-    from kernels import poisoned_outputs
+    from triton_fusion_report.kernels import poisoned_outputs
 
     with poisoned_outputs():
         yield
@@ -30,7 +30,7 @@ def _poison_outputs():
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| / max |ref| in float64; inf if out has a NaN/inf the reference has not."""
-    from analysis.sweep import max_rel_err
+    from triton_fusion_report.analysis.sweep import max_rel_err
 
     return max_rel_err(out, ref)
 

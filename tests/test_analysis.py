@@ -4,9 +4,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from analysis import schema, traffic
-from analysis import __main__ as cli
-from analysis.sweep import Problem, Variant, run
+from triton_fusion_report.analysis import schema, traffic
+from triton_fusion_report.analysis import __main__ as cli
+from triton_fusion_report.analysis.sweep import Problem, Variant, run
 
 
 @pytest.mark.parametrize("itemsize", [2, 4])
@@ -77,7 +77,7 @@ def test_failures_become_rows(tmp_path, device):
 
 
 def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
-    """`python -m analysis --grid smoke` end to end on this machine (interpreter on a CPU)."""
+    """`python -m triton_fusion_report.analysis --grid smoke` end to end on this machine (interpreter on a CPU)."""
     out = tmp_path / "run"
     assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
                      "--no-progress"]) == 0
@@ -98,7 +98,7 @@ def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
 
 def test_half_precision_rows_get_the_matmul_peak(device):
     """The limits name the fp16/bf16 matmul peaks by their short label; rows by dtype."""
-    from analysis.sweep import limits_lookup, measure
+    from triton_fusion_report.analysis.sweep import limits_lookup, measure
 
     problem = Problem(
         family="elementwise", op="add_mul", dtype=torch.float16, precision="float16",
@@ -113,7 +113,7 @@ def test_half_precision_rows_get_the_matmul_peak(device):
 
 
 def test_fingerprint_compare_lists_every_difference():
-    from analysis.fingerprint import compare
+    from triton_fusion_report.analysis.fingerprint import compare
 
     a = {"k1": dict(launches=[dict(kernel="x", grid=[1])], out="ab"), "k2": dict(out="cd")}
     assert compare(a, dict(a)) == []

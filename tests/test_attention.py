@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-import kernels
+from triton_fusion_report import kernels
 
 from conftest import TOL, rel_err
 
-from kernels import flash_attention as at
+from triton_fusion_report.kernels import flash_attention as at
 
 DTYPES = [torch.float16, torch.bfloat16]
 # Fused: p is rounded to the input dtype before p @ v (as in FlashAttention), scores stay float32.

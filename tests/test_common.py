@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels import _common as C
+from triton_fusion_report.kernels import _common as C
 
 
 @pytest.mark.parametrize("value", [0, 8, 17, 100, 16.0, True, "32", None])
@@ -35,8 +35,9 @@ def test_no_module_carries_an_ops_name():
     """`kernels.softmax` is the op; a module of that name would be shadowed by it."""
     import importlib.util
 
-    import kernels
+    from triton_fusion_report import kernels
 
     ops = [name for name in kernels.__all__ if callable(getattr(kernels, name))]
     for name in ops:
-        assert importlib.util.find_spec(f"kernels.{name}") is None, f"kernels/{name}.py shadows the op"
+        spec = importlib.util.find_spec(f"triton_fusion_report.kernels.{name}")
+        assert spec is None, f"kernels/{name}.py shadows the op"

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-import kernels
-from kernels import elementwise as ew
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import elementwise as ew
 
 from conftest import TOL, rel_err
 

@@ -2,8 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import _common, layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import _common, layernorm as ln
+from triton_fusion_report.kernels import layernorm_backward as lnb, layernorm_forward as lnf
 
 from conftest import TOL, rel_err
 

@@ -2,10 +2,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import linear_activation as la
-from kernels import matmul_core as mc
-from kernels import softmax_regression as sr
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import linear_activation as la
+from triton_fusion_report.kernels import matmul_core as mc
+from triton_fusion_report.kernels import softmax_regression as sr
 
 from conftest import rel_err
 

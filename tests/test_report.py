@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from analysis import report as R  # noqa: E402
+from triton_fusion_report.analysis import report as R  # noqa: E402
 
 from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402
 
@@ -27,7 +27,7 @@ def test_every_chapter_is_rendered():
     assert on_disk == set(CHAPTERS), "a .qmd in report/ is missing from report/_quarto.yml or vice versa"
 
 
-SMOKE = ROOT / "tests" / "data" / "smoke"  # `python -m analysis --grid smoke` on a CPU
+SMOKE = ROOT / "tests" / "data" / "smoke"  # `python -m triton_fusion_report.analysis --grid smoke` on a CPU
 
 
 def _folder_with_failed_rows(tmp: Path) -> Path:
@@ -36,7 +36,7 @@ def _folder_with_failed_rows(tmp: Path) -> Path:
 
     import pandas as pd
 
-    from analysis.schema import FAMILY_SHAPES
+    from triton_fusion_report.analysis.schema import FAMILY_SHAPES
 
     for path in R.REFERENCE.iterdir():
         shutil.copy(path, tmp / path.name)
@@ -69,11 +69,11 @@ DATASETS = {
 
 
 def test_smoke_fixture_matches_the_schema():
-    """tests/data/smoke is what `python -m analysis --grid smoke` writes on a CPU; regenerate it
+    """tests/data/smoke is what `python -m triton_fusion_report.analysis --grid smoke` writes on a CPU; regenerate it
     (`make smoke-data`) when the schema changes."""
     import pyarrow.parquet as pq
 
-    from analysis.schema import FAMILY_SHAPES, family_schema
+    from triton_fusion_report.analysis.schema import FAMILY_SHAPES, family_schema
 
     for family in FAMILY_SHAPES:
         names = pq.read_schema(SMOKE / f"{family}.parquet").names

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-import kernels
-from kernels._common import interpreting
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels._common import interpreting
 
 from conftest import TOL, rel_err
 
-from kernels import row_softmax as sm
+from triton_fusion_report.kernels import row_softmax as sm
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # length 1, odd, a power of two and one past it, a multiple of a tile plus a remainder

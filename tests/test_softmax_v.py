@@ -3,11 +3,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+from triton_fusion_report import kernels
 
 from conftest import TOL, rel_err
 
-from kernels import softmax_v as sm
+from triton_fusion_report.kernels import softmax_v as sm
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # float32 runs IEEE products: near its TOL. Half precision rounds p to the input dtype before the

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ._common import empty, next_pow2
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit

@@ -64,6 +64,14 @@ def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, ndim=None, min_ndim=None)
         raise ValueError(f"{name} is on device {t.device}; only cuda (or cpu under the interpreter)")
 
 
+def is_fake(t: torch.Tensor) -> bool:
+    """A tensor without data (torch.compile's and opcheck's fake tensors): checks that read an
+    address skip it."""
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return _is_fake(t)
+
+
 def check_contiguous(name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(
@@ -189,6 +197,7 @@ __all__ = [
     "dot",
     "empty",
     "interpreting",
+    "is_fake",
     "next_pow2",
     "poisoned_outputs",
     "sm_count_of",

@@ -133,13 +133,3 @@ def triton_fused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
         _add_mul_kernel[grid](x, y, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
                               num_warps=num_warps)
     return out
-
-
-def add_mul(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:
-    """`(x + y) * z` in one fused Triton kernel.
-
-    x, y: contiguous tensors of one shape and dtype (float32, float16 or bfloat16), on CUDA (or on
-    the CPU under TRITON_INTERPRET=1). z: a tensor of the same dtype broadcastable to x, or a Python
-    number. The sum and product are computed in float32 and rounded once to x's dtype.
-    """
-    return triton_fused(x, y, z)

@@ -99,12 +99,13 @@ def _column_op_kernel(t_ptr, p_ptr, out_ptr, n, n_cols, SCALE: tl.constexpr,
 
 def _plainly_valid(x, weight, bias) -> bool:
     """The common case, checked cheaply (this runs on every call's host path): CUDA tensors of
-    one float dtype and device, weight and bias contiguous (N,). Anything else goes through the
-    full checks, which name the problem."""
+    one float dtype and device (weight and bias in it or in float32), weight and bias contiguous
+    (N,). Anything else goes through the full checks, which name the problem."""
     if not (isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in FLOAT_DTYPES and x.dim()):
         return False
     for p in (weight, bias):
-        if p is not None and not (isinstance(p, torch.Tensor) and p.dtype == x.dtype
+        if p is not None and not (isinstance(p, torch.Tensor)
+                                  and (p.dtype == x.dtype or p.dtype == torch.float32)
                                   and p.dim() == 1 and p.shape[0] == x.shape[-1]
                                   and p.is_contiguous() and p.device == x.device):
             return False
@@ -118,7 +119,10 @@ def _check_inputs(x, weight, bias, eps):
         if p is None or plain:
             continue
         check_tensor(name, p, ndim=1)
-        check_same([("x", x), (name, p)])
+        check_same([("x", x), (name, p)], dtype=False)
+        if p.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"{name} has dtype {str(p.dtype)[6:]} but x has {str(x.dtype)[6:]}; "
+                            f"{name} must be of x's dtype or float32 (nothing is cast silently)")
         if p.shape[0] != n_cols:
             raise ValueError(f"{name} must have shape ({n_cols},) to match x's last dim, got "
                              f"{tuple(p.shape)}")
@@ -157,7 +161,7 @@ class _LayerNorm(torch.autograd.Function):
         y, stats = _fused_forward(x, weight, bias, eps, block, num_warps, groups)
         ctx.save_for_backward(x, weight, stats)
         ctx.has_bias = bias is not None
-        ctx.options = (block, num_warps, groups)
+        ctx.options = (block, num_warps, groups, None if bias is None else bias.dtype)
         return y
 
     @staticmethod
@@ -214,15 +218,6 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
     return t
 
 
-def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm over the last dim of x in fused Triton kernels; differentiable.
-
-    x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
-    last dim contiguous. weight, bias: None or contiguous (N,) tensors of x's dtype and device, N
-    = x.shape[-1]. Statistics and math in float32; output (and gradients) in x's dtype."""
-    return triton_fused(x, weight, bias, eps)
-
-
 # The plans' limits and the backward's group count, for the tests, the sweep and the traffic model.
-__all__ = ["BWD_MAX_ONE_TILE", "MAX_ONE_TILE", "bwd_groups", "layer_norm", "reference",
+__all__ = ["BWD_MAX_ONE_TILE", "MAX_ONE_TILE", "bwd_groups", "reference",
            "triton_fused", "triton_unfused"]

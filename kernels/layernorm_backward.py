@@ -269,16 +269,18 @@ def bwd_groups(n_rows: int, device=None) -> int:
     return max(1, min(GROUPS_PER_SM * sms, cdiv(n_rows, MIN_ROWS_PER_GROUP)))
 
 
-def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
-    """(dx, dweight or None, dbias or None) of the fused LayerNorm."""
+def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, db_dtype=None):
+    """(dx, dweight or None, dbias or None) of the fused LayerNorm; dweight in weight's dtype,
+    dbias in db_dtype (the bias's: default x's)."""
+    db_dtype = x.dtype if db_dtype is None else db_dtype
     # x was checked by the forward (this is the host path of every backward call: kept short).
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else math.prod(x.shape[:-1])
     rows = x.view(n_rows, n_cols) if x.numel() else None
     dx = empty(x.shape, x.dtype, x.device)
     if rows is None:  # no rows: dx is empty, the column sums are zeros
-        zeros = torch.zeros(n_cols, dtype=x.dtype, device=x.device)
-        return dx, zeros if need_dw else None, zeros.clone() if need_db else None
+        return (dx, torch.zeros(n_cols, dtype=weight.dtype, device=x.device) if need_dw else None,
+                torch.zeros(n_cols, dtype=db_dtype, device=x.device) if need_db else None)
     dy2 = dy.contiguous().view(n_rows, n_cols)
     dx2 = dx.view(n_rows, n_cols)
     plan = bwd_plan(n_cols, rows.element_size(), block, num_warps)
@@ -304,7 +306,7 @@ def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups):
     if n_parts == 0:
         return dx, None, None
     dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
-    db = empty((n_cols,), x.dtype, x.device) if need_db else None
+    db = empty((n_cols,), db_dtype, x.device) if need_db else None
     block_n = min(128, max(32, next_pow2(n_cols) // 128))
     _sum_groups_kernel[(cdiv(n_cols, block_n), n_parts)](
         part, rows if dw is None else dw, rows if db is None else db, groups, n_cols, DW=need_dw,

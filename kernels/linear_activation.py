@@ -33,7 +33,6 @@ def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-
 # ------------------------------------------------------------------------------------------------
 # linear + activation
 
@@ -78,17 +77,6 @@ def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precisi
                                                             ACTIVATION=activation, BLOCK=block,
                                                             num_warps=default_warps(block))
     return out
-
-
-def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
-               activation: str = "gelu") -> torch.Tensor:
-    """act(x @ weight + bias) in one fused Triton matmul.
-
-    x (M, K), weight (K, N) -- x @ weight, not F.linear's (N, K): pass `linear.weight.t()` --,
-    bias (N,) or None; activation "relu", "gelu" (exact erf), "gelu_tanh" or "none". One dtype for
-    all (float32, float16, bfloat16), any strides. float32 runs the matmul in TF32.
-    """
-    return linear_act_fused(x, weight, bias, activation)
 
 
 IMPLS = {"reference": linear_act_reference, "triton_unfused": linear_act_unfused,

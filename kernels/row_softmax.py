@@ -414,11 +414,3 @@ def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tens
         rows, row_max, row_sum, out2, n_cols, rows.stride(0), out2.stride(0), BLOCK=block,
         num_warps=num_warps)
     return out
-
-
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of x, in fused Triton kernels (see `plan` for which).
-
-    x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
-    last dim contiguous. Any row length. Math in float32, output in x's dtype and shape."""
-    return triton_fused(x)

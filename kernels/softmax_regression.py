@@ -65,7 +65,6 @@ def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -
     return torch.softmax(logits, -1)
 
 
-
 # ------------------------------------------------------------------------------------------------
 # Fused matmul + softmax kernels
 
@@ -195,7 +194,6 @@ def _ms_normalize_kernel(p_ptr, m_ptr, il_ptr, B, C, s_pb, BLOCK_R: tl.constexpr
     m = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
     il = tl.load(il_ptr + rows, mask=row_ok, other=0.0)
     tl.store(ptrs, (tl.exp(s - m[:, None]) * il[:, None]).to(p_ptr.dtype.element_ty), mask=mask)
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -386,17 +384,6 @@ def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_
     if B == 0 or C == 0:
         return out
     return softmax_rows(logits, out, block=softmax_block, max_block=16384)
-
-
-def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """softmax(x @ weight + bias, -1), fused: x (B, K), weight (K, C), bias (C,) or None.
-
-    One dtype for all (float32, float16 or bfloat16), on CUDA (or the CPU under TRITON_INTERPRET=1),
-    any strides. float32 matmuls are IEEE (like PyTorch's default); the softmax runs in float32;
-    the probabilities are in x's dtype.
-    """
-    return matmul_softmax_fused(x, weight, bias)
-
 
 
 IMPLS = {"reference": matmul_softmax_reference, "triton_unfused": matmul_softmax_unfused,

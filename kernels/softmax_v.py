@@ -28,8 +28,6 @@ DOT_MIN = " (tl.dot's minimum)"
 PRECISIONS = ("ieee", "tf32")
 
 
-
-
 def reference(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The semantics, in PyTorch eager: the softmax matrix is materialised."""
     return F.softmax(x, dim=-1) @ v
@@ -221,15 +219,4 @@ def fused_softmax(x, V, BLOCK_1=16, BLOCK_2=16, input_precision=None) -> torch.T
     return triton_fused(x, V, block_1=BLOCK_1, block_2=BLOCK_2, input_precision=input_precision)
 
 
-def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """`softmax(x, -1) @ v` in one fused Triton kernel, the softmax matrix never stored.
-
-    x: (batch, d1, d2), v: (batch, d2, d3), one dtype (float32, float16 or bfloat16), any strides,
-    on CUDA (or on the CPU under TRITON_INTERPRET=1). float32 uses IEEE products, like PyTorch's
-    default; see triton_fused for tf32 and block sizes. Returns (batch, d1, d3) in x's dtype.
-    """
-    return triton_fused(x, v)
-
-
-__all__ = ["fused_softmax", "reference", "softmax_matmul", "softmax_mult", "triton_fused",
-           "triton_unfused"]
+__all__ = ["fused_softmax", "reference", "softmax_mult", "triton_fused", "triton_unfused"]

@@ -1,0 +1,172 @@
+"""Per-call cost at tiny sizes: what a call costs when the GPU work is a few microseconds.
+
+    python -m triton_fusion_report.analysis.launch_cost --out DIR/launch_cost.csv
+
+For every public op and implementation (eager, torch.compile, Triton unfused and fused, the public
+function, and the registered op called through the dispatcher) this records the wall-clock time
+per call of many back-to-back calls (one sync at the end: the GPU never waits, the host does) and
+the GPU time per call (CUDA-graph replay), beside the floor measured in the same run: an empty
+Triton kernel's launch with one argument and with ten. One launch instead of three is half of what
+fusion buys at small sizes; this table measures that half.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .. import kernels
+from ..kernels import elementwise as ew, flash_attention as fa, layernorm as ln
+from ..kernels import linear_activation as la, ops, row_softmax as sm
+from ..kernels import softmax_regression as sr, softmax_v as sv
+from .machine import run_metadata
+from .timing import graph_ms
+
+N_CALLS = 400
+
+
+@triton.jit
+def _noop1(p, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _noop10(p0, p1, p2, p3, p4, n0, n1, n2, n3, f0, BLOCK: tl.constexpr):
+    pass
+
+
+def host_us(fn, n: int = N_CALLS) -> float:
+    """Wall-clock microseconds per call of n back-to-back calls (median of 5 batches)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    batches = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        batches.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return sorted(batches)[2]
+
+
+def gpu_us(fn) -> float | None:
+    ms = graph_ms(fn, torch.device("cuda"))
+    return None if ms is None else ms * 1e3
+
+
+def cases(dev):
+    """(op, shape label, {impl: fn}) at tiny sizes, fp16."""
+    h = torch.float16
+    r = lambda *s: torch.randn(*s, device=dev, dtype=h)  # noqa: E731
+    comp = lambda f: torch.compile(f, dynamic=False)  # noqa: E731
+    x, y, z = r(4096), r(4096), r(4096)
+    yield "add_mul", "4096", dict(
+        torch_eager=lambda: (x + y) * z, torch_compile=comp(lambda: (x + y) * z),
+        triton_unfused=lambda: ew.triton_unfused(x, y, z),
+        triton_fused=lambda: ew.triton_fused(x, y, z),
+        public=lambda: kernels.add_mul(x, y, z), registered_op=lambda: ops.OPS["add_mul"](x, y, z))
+    s = r(8, 1024)
+    yield "softmax", "8x1024", dict(
+        torch_eager=lambda: torch.softmax(s, -1), torch_compile=comp(lambda: torch.softmax(s, -1)),
+        triton_unfused=lambda: sm.triton_unfused(s), triton_fused=lambda: sm.triton_fused(s),
+        public=lambda: kernels.softmax(s), registered_op=lambda: ops.OPS["softmax"](s))
+    w, b = r(1024), r(1024)
+    eager_ln = lambda: F.layer_norm(s, (1024,), w, b)  # noqa: E731
+    yield "layer_norm", "8x1024", dict(
+        torch_eager=eager_ln, torch_compile=comp(eager_ln),
+        triton_unfused=lambda: ln.triton_unfused(s, w, b),
+        triton_fused=lambda: ln.triton_fused(s, w, b), public=lambda: kernels.layer_norm(s, w, b),
+        registered_op=lambda: ops.OPS["layer_norm"](s, w, b, 1e-5))
+    sg, wg, bg = (t.clone().requires_grad_() for t in (s, w, b))
+    dy = r(8, 1024)
+
+    def fwd_bwd(f):
+        return lambda: torch.autograd.grad(f(sg, wg, bg), (sg, wg, bg), dy)
+    eager_lnf = lambda a, c, d: F.layer_norm(a, (1024,), c, d)  # noqa: E731
+    yield "layer_norm fwd+bwd", "8x1024", dict(
+        torch_eager=fwd_bwd(eager_lnf), torch_compile=fwd_bwd(comp(eager_lnf)),
+        triton_fused=fwd_bwd(ln.triton_fused), public=fwd_bwd(kernels.layer_norm))
+    xs, vs = r(1, 64, 64), r(1, 64, 64)
+    ref_sv = lambda: torch.softmax(xs, -1) @ vs  # noqa: E731
+    yield "softmax_matmul", "1x64x64x64", dict(
+        torch_eager=ref_sv, torch_compile=comp(ref_sv),
+        triton_unfused=lambda: sv.triton_unfused(xs, vs),
+        triton_fused=lambda: sv.triton_fused(xs, vs), public=lambda: kernels.softmax_matmul(xs, vs),
+        registered_op=lambda: ops.OPS["softmax_matmul"](xs, vs))
+    q, k, v = r(1, 2, 128, 64), r(1, 2, 128, 64), r(1, 2, 128, 64)
+
+    def naive():
+        return torch.softmax((q @ k.transpose(-1, -2)) * 0.125, -1) @ v
+    yield "attention", "1x2x128x64", dict(
+        torch_eager=naive, torch_compile=comp(naive),
+        sdpa=lambda: F.scaled_dot_product_attention(q, k, v),
+        triton_unfused=lambda: fa.triton_unfused(q, k, v),
+        triton_fused=lambda: fa.triton_fused(q, k, v), public=lambda: kernels.attention(q, k, v),
+        registered_op=lambda: ops.OPS["attention"](q, k, v, False, None))
+    xm, wm, bm = r(64, 64), r(64, 64), r(64)
+    ref_ms = lambda: torch.softmax(torch.addmm(bm, xm, wm), -1)  # noqa: E731
+    yield "matmul_softmax", "64x64x64", dict(
+        torch_eager=ref_ms, torch_compile=comp(ref_ms),
+        triton_unfused=lambda: sr.matmul_softmax_unfused(xm, wm, bm),
+        triton_fused=lambda: sr.matmul_softmax_fused(xm, wm, bm),
+        public=lambda: kernels.matmul_softmax(xm, wm, bm),
+        registered_op=lambda: ops.OPS["matmul_softmax"](xm, wm, bm))
+    ref_la = lambda: F.gelu(torch.addmm(bm, xm, wm))  # noqa: E731
+    yield "linear_act", "64x64x64 gelu", dict(
+        torch_eager=ref_la, torch_compile=comp(ref_la),
+        triton_unfused=lambda: la.linear_act_unfused(xm, wm, bm),
+        triton_fused=lambda: la.linear_act_fused(xm, wm, bm),
+        public=lambda: kernels.linear_act(xm, wm, bm),
+        registered_op=lambda: ops.OPS["linear_act"](xm, wm, bm, "gelu"))
+
+
+def measure(dev) -> list[dict]:
+    meta = run_metadata(dev)
+    p = torch.empty(16, device=dev)
+    rows = []
+
+    def add(op, shape, impl, fn):
+        try:
+            host, gpu, error = host_us(fn), gpu_us(fn), ""
+        except Exception as exc:  # noqa: BLE001 - recorded, the table goes on
+            host, gpu, error = None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(dict(meta, op=op, shape=shape, impl=impl, host_us=host, gpu_us=gpu,
+                         error=error))
+        print(f"{op:20s} {shape:14s} {impl:15s} host {host or float('nan'):8.1f} us   "
+              f"gpu {gpu or float('nan'):7.1f} us {error}", flush=True)
+
+    add("raw launch", "1 arg", "triton_noop", lambda: _noop1[(1,)](p, BLOCK=16))
+    add("raw launch", "10 args", "triton_noop",
+        lambda: _noop10[(1,)](p, p, p, p, p, 1, 2, 3, 4, 0.5, BLOCK=16))
+    for op, shape, impls in cases(dev):
+        for impl, fn in impls.items():
+            add(op, shape, impl, fn)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.launch_cost",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="CSV file to write")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("launch_cost measures a GPU's launch path; no GPU here", file=sys.stderr)
+        return 1
+    rows = measure(torch.device("cuda"))
+    with open(args.out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The registered ops (kernels/ops.py): opcheck, torch.compile without graph breaks, gradients
+against float64, and the refusals (double backward)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import ops
+from triton_fusion_report.kernels.row_softmax_backward import softmax_backward
+
+from conftest import DEVICE, TOL, rel_err
+
+def _r(*shape, dtype=torch.float32, grad=False):
+    t = torch.randn(*shape, device=DEVICE, dtype=dtype)
+    return t.requires_grad_() if grad else t
+
+
+def _cases():
+    """(op name, public function, args for the registered op, args for the public function)."""
+    x, y, z = _r(3, 40), _r(3, 40), _r(40)
+    w, b = _r(40), _r(40)
+    q, k, v = (_r(1, 2, 24, 16, dtype=torch.float16) for _ in range(3))
+    xm, wm, bm = _r(12, 16), _r(16, 24), _r(24)
+    xs, vs = _r(2, 9, 20), _r(2, 20, 16)
+    return [
+        ("add_mul", kernels.add_mul, (x, y, z), (x, y, z)),
+        ("add_mul_scalar", kernels.add_mul, (x, y, 1.5), (x, y, 1.5)),
+        ("softmax", kernels.softmax, (x,), (x,)),
+        ("softmax_backward", None, (torch.softmax(x, -1), y), None),
+        ("layer_norm", kernels.layer_norm, (x, w, b, 1e-5), (x, w, b)),
+        ("softmax_matmul", kernels.softmax_matmul, (xs, vs), (xs, vs)),
+        ("attention", kernels.attention, (q, k, v, True, None), (q, k, v, True)),
+        ("matmul_softmax", kernels.matmul_softmax, (xm, wm, bm), (xm, wm, bm)),
+        ("linear_act", kernels.linear_act, (xm, wm, bm, "gelu"), (xm, wm, bm, "gelu")),
+    ]
+
+
+CASES = {c[0]: c for c in _cases()}
+
+
+def test_every_op_is_checked():
+    assert set(CASES) | {"layer_norm_backward"} == set(ops.OPS)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_opcheck(name):
+    """Schema, fake tensors, autograd registration and AOT dispatch, as torch.library checks them
+    (inputs that require grad where the op is differentiable)."""
+    _, _, args, _ = CASES[name]
+    if name != "softmax_backward":
+        args = tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor)
+                     and a.is_floating_point() else a for a in args)
+    torch.library.opcheck(ops.OPS[name], args)
+
+
+@pytest.mark.parametrize("need_dw, need_db", [(True, True), (True, False), (False, False)])
+def test_opcheck_layer_norm_backward(need_dw, need_db):
+    """Including the empty stand-ins for gradients not needed (outputs may not alias)."""
+    x, w, b = _r(3, 40), _r(40), _r(40)
+    _, stats = ops.OPS["layer_norm"](x, w, b, 1e-5)
+    torch.library.opcheck(ops.OPS["layer_norm_backward"],
+                          (_r(3, 40), x, w, b, stats, need_dw, need_db))
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][1] is not None])
+def test_compiles_without_graph_breaks(name):
+    """The public function inside a compiled function (fullgraph: a graph break raises), forward
+    and backward, with Dynamo's eager backend (Inductor's is checked on the GPU)."""
+    _, fn, _, args = CASES[name]
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a
+              for a in args]
+
+    def f(*a):
+        return fn(*a) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    out = compiled(*leaves)
+    want = fn(*args) * 2
+    assert rel_err(out, want) <= 1e-6
+    out.float().sum().backward()
+    assert all(t.grad is not None for t in leaves if isinstance(t, torch.Tensor))
+
+
+def test_compile_errors_keep_their_messages():
+    """The fake implementation checks like eager, so a bad input fails at trace time with the
+    eager message."""
+    compiled = torch.compile(lambda a, b: kernels.softmax_matmul(a, b), fullgraph=True,
+                             backend="eager")
+    with pytest.raises(Exception, match="must equal v's dim 1"):
+        compiled(_r(2, 3, 5), _r(2, 4, 6))
+
+
+def _grads(fn, args, dtype=None):
+    leaves = [a.detach().to(dtype or a.dtype).requires_grad_() if isinstance(a, torch.Tensor)
+              and a.is_floating_point() else a for a in args]
+    out = fn(*leaves)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out.backward(g.to(out.device, out.dtype))
+    return [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _ref_attention(q, k, v, causal=False):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+REFS = {
+    "add_mul": lambda x, y, z: (x + y) * z,
+    "add_mul_scalar": lambda x, y, z: (x + y) * z,
+    "softmax": lambda x: torch.softmax(x, -1),
+    "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+    "softmax_matmul": lambda x, v: torch.softmax(x, -1) @ v,
+    "attention": _ref_attention,
+    "matmul_softmax": lambda x, w, b: torch.softmax(x @ w + b, -1),
+    "linear_act": lambda x, w, b, a: F.gelu(x @ w + b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFS))
+def test_gradients_match_float64(name):
+    _, fn, _, args = CASES[name]
+    got = _grads(fn, args)
+    want = _grads(REFS[name], args, torch.float64)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert rel_err(g, w) <= 20 * TOL[torch.float16 if name == "attention" else torch.float32]
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu_tanh"])
+def test_linear_act_gradients(activation):
+    x, w, b = _r(12, 16), _r(16, 24), _r(24)
+    acts = {"none": lambda h: h, "relu": torch.relu,
+            "gelu_tanh": lambda h: F.gelu(h, approximate="tanh")}
+    got = _grads(lambda *a: kernels.linear_act(*a, activation), (x, w, b))
+    want = _grads(lambda x, w, b: acts[activation](x @ w + b), (x, w, b), torch.float64)
+    for g, ww in zip(got, want):
+        assert rel_err(g, ww) <= 20 * TOL[torch.float32]
+
+
+@pytest.mark.parametrize("z_shape", [(1,), (40,), (3, 1), (3, 40)])
+def test_add_mul_broadcast_gradients(z_shape):
+    x, y, z = _r(3, 40), _r(3, 40), _r(*z_shape)
+    got = _grads(kernels.add_mul, (x, y, z))
+    want = _grads(REFS["add_mul"], (x, y, z), torch.float64)
+    assert got[2].shape == z.shape
+    for g, w in zip(got, want):
+        assert rel_err(g, w) <= 4 * TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 37, 1024, 20_000])
+def test_softmax_backward_kernel(n, dtype):
+    """One tile (rows in registers) and the two-pass loop past MAX_ONE_TILE."""
+    y = torch.softmax(_r(5, n) * 3, -1).to(dtype)
+    dy = _r(5, n).to(dtype)
+    want = torch.ops.aten._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+    assert rel_err(softmax_backward(y, dy), want) <= 4 * TOL[dtype]
+
+
+@pytest.mark.parametrize("only_term", [True, False])
+def test_layer_norm_double_backward_refused(only_term):
+    """create_graph=True, then a second derivative: refused with a message, whether LayerNorm's
+    term is the only one or others carry the graph (a gradient penalty)."""
+    x, w = _r(4, 40, grad=True), _r(40, grad=True)
+    y = kernels.layer_norm(x, w).pow(2).sum()
+    if not only_term:
+        y = y + (x ** 3).sum()
+    (gx,) = torch.autograd.grad(y, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="second derivative is not implemented"):
+        torch.autograd.grad(gx.sum(), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_layer_norm_float32_weight(dtype):
+    """fp32 weight and bias with half x, as F.layer_norm takes them: y and dx in x's dtype,
+    dweight and dbias in float32."""
+    x, w, b = _r(6, 40).to(dtype), _r(40), _r(40)
+    want = F.layer_norm(x.double(), (40,), w.double(), b.double())
+    y = kernels.layer_norm(x, w, b)
+    assert y.dtype == dtype and rel_err(y, want) <= TOL[dtype]
+    got = _grads(kernels.layer_norm, (x, w, b))
+    ref = _grads(lambda x, w, b: F.layer_norm(x, (40,), w, b), (x, w, b), torch.float64)
+    assert [g.dtype for g in got] == [dtype, torch.float32, torch.float32]
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 4 * TOL[dtype]
+    with pytest.raises(TypeError, match="of x's dtype or float32"):
+        kernels.layer_norm(x.float(), w.to(dtype))
+
+
+needs_gpu = pytest.mark.skipif(DEVICE.type != "cuda", reason="Inductor and CUDA graphs need a GPU")
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][1] is not None])
+def test_inductor_and_cuda_graph(name):
+    """On the GPU: fullgraph compile with Inductor (forward and backward) and capture of the
+    public function in a CUDA graph, both matching the eager call."""
+    _, fn, _, args = CASES[name]
+    want = fn(*args)
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a
+              for a in args]
+    compiled = torch.compile(lambda *a: fn(*a) * 2, fullgraph=True)
+    out = compiled(*leaves)
+    assert rel_err(out, want * 2) <= 1e-6
+    out.float().sum().backward()
+    assert all(t.grad is not None for t in leaves if isinstance(t, torch.Tensor))
+    static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    fn(*static)  # compile and plan outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn(*static)
+    fresh = [torch.randn_like(a) if isinstance(a, torch.Tensor) else a for a in args]
+    for s, f in zip(static, fresh):
+        if isinstance(s, torch.Tensor):
+            s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(captured, fn(*fresh)) <= 1e-6

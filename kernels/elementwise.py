@@ -10,6 +10,8 @@ any other broadcast is materialised with `expand().contiguous()` first (one extr
 """
 from __future__ import annotations
 
+import functools
+import math
 import numbers
 
 import torch
@@ -74,6 +76,27 @@ def _add_mul_kernel(x_ptr, y_ptr, z_ptr, z_scalar, out_ptr, n, z_period, Z_MODE:
     tl.store(out_ptr + offs, ((x + y) * z).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@functools.lru_cache(maxsize=1024)
+def _z_layout(z_shape, z_contiguous, x_shape):
+    """(mode, period, expand first) for a z tensor of this shape against x's; cached, as the
+    broadcast check costs more host time than a small kernel's launch."""
+    try:
+        broadcast = torch.broadcast_shapes(z_shape, x_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != x_shape:
+        raise ValueError(f"z of shape {z_shape} does not broadcast to x's {x_shape}")
+    n = math.prod(z_shape)
+    if n == 1:
+        return Z_ONE, 1, False
+    suffix = list(z_shape)
+    while suffix and suffix[0] == 1:
+        suffix.pop(0)
+    if z_contiguous and tuple(suffix) == x_shape[len(x_shape) - len(suffix):]:
+        return (Z_FULL if n == math.prod(x_shape) else Z_PERIODIC), n, False
+    return Z_FULL, math.prod(x_shape), True
+
+
 def _check_inputs(x, y, z):
     """Validate, and return (z_tensor, z_scalar, z_period, z_mode)."""
     check_tensor("x", x)
@@ -86,20 +109,14 @@ def _check_inputs(x, y, z):
     if isinstance(z, torch.Tensor):
         check_tensor("z", z)
         check_same([("x", x), ("z", z)])
+        key = (tuple(z.shape), z.is_contiguous(), tuple(x.shape))
         try:
-            broadcast = torch.broadcast_shapes(z.shape, x.shape)
-        except RuntimeError:
-            broadcast = None
-        if broadcast != x.shape:
-            raise ValueError(f"z of shape {tuple(z.shape)} does not broadcast to x's {tuple(x.shape)}")
-        if z.numel() == 1:
-            return z, 0.0, 1, Z_ONE
-        suffix = list(z.shape)
-        while suffix and suffix[0] == 1:
-            suffix.pop(0)
-        if z.is_contiguous() and tuple(suffix) == tuple(x.shape[x.dim() - len(suffix):]):
-            return z, 0.0, z.numel(), (Z_FULL if z.numel() == x.numel() else Z_PERIODIC)
-        return z.expand(x.shape).contiguous(), 0.0, x.numel(), Z_FULL
+            mode, period, expand = _z_layout(*key)
+        except TypeError:  # symbolic sizes (tracing with dynamic shapes) do not hash
+            mode, period, expand = _z_layout.__wrapped__(*key)
+        if expand:
+            return z.expand(x.shape).contiguous(), 0.0, period, mode
+        return z, 0.0, period, mode
     if isinstance(z, bool) or not isinstance(z, numbers.Real):
         raise TypeError(f"z must be a tensor or a real Python number, got {type(z).__name__}")
     return x, float(z), 1, Z_SCALAR  # x stands in for the unused z pointer

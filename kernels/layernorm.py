@@ -159,18 +159,25 @@ class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, block, num_warps, groups):
         y, stats = _fused_forward(x, weight, bias, eps, block, num_warps, groups)
-        ctx.save_for_backward(x, weight, stats)
-        ctx.has_bias = bias is not None
-        ctx.options = (block, num_warps, groups, None if bias is None else bias.dtype)
+        ctx.save_for_backward(x, weight, bias, stats)
+        ctx.options = (block, num_warps, groups)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, stats = ctx.saved_tensors
+        x, weight, bias, stats = ctx.saved_tensors
         need_dw = weight is not None and ctx.needs_input_grad[1]
-        need_db = ctx.has_bias and ctx.needs_input_grad[2]
-        dx, dw, db = _bwd.backward(dy, x, weight, stats, need_dw, need_db, *ctx.options)
-        return dx, dw, db, None, None, None, None
+        need_db = bias is not None and ctx.needs_input_grad[2]
+        if torch.is_grad_enabled():
+            # create_graph=True: the registered backward op keeps the gradients connected to
+            # their inputs, so a second derivative through them raises (see kernels.ops)
+            # instead of being pruned from the graph and silently missing.
+            dx, dw, db = torch.ops.triton_fusion.layer_norm_backward(
+                dy.contiguous(), x, weight, bias, stats, need_dw, need_db)
+        else:
+            dx, dw, db = _bwd.backward(dy, x, weight, stats, need_dw, need_db, *ctx.options,
+                                       None if bias is None else bias.dtype)
+        return dx, dw if need_dw else None, db if need_db else None, None, None, None, None
 
 
 def triton_fused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, block=None,

@@ -156,17 +156,25 @@ def test_softmax_backward_kernel(n, dtype):
     assert rel_err(softmax_backward(y, dy), want) <= 4 * TOL[dtype]
 
 
+@pytest.mark.parametrize("path", ["eager", "registered_op"])
 @pytest.mark.parametrize("only_term", [True, False])
-def test_layer_norm_double_backward_refused(only_term):
+def test_layer_norm_double_backward_refused(only_term, path):
     """create_graph=True, then a second derivative: refused with a message, whether LayerNorm's
-    term is the only one or others carry the graph (a gradient penalty)."""
+    term is the only one or others carry the graph (a gradient penalty); on the eager path
+    (autograd.Function) and through the registered op."""
     x, w = _r(4, 40, grad=True), _r(40, grad=True)
-    y = kernels.layer_norm(x, w).pow(2).sum()
+    if path == "eager":
+        y = kernels.layer_norm(x, w).pow(2).sum()
+    else:
+        y = ops.OPS["layer_norm"](x, w, None, 1e-5)[0].pow(2).sum()
     if not only_term:
         y = y + (x ** 3).sum()
     (gx,) = torch.autograd.grad(y, x, create_graph=True)
     with pytest.raises(RuntimeError, match="second derivative is not implemented"):
         torch.autograd.grad(gx.sum(), (x, w))
+    if not only_term:  # the other term alone reaches x: still refused, never a partial answer
+        with pytest.raises(RuntimeError, match="second derivative is not implemented"):
+            torch.autograd.grad(gx.sum(), x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

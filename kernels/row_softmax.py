@@ -371,14 +371,17 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     elif p.path == ONLINE:
         _softmax_online_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block, num_warps=p.num_warps)
     elif p.path == COOP:
-        # One program per SM at most, so every program is resident and the spin-wait returns.
+        # One program per SM at most, launched co-operatively: CUDA starts the grid only when all
+        # its programs can be resident at once, even beside another stream's kernels, so the
+        # spin-wait for a row's other programs always returns.
         groups = max(1, min(n_rows, sm_count_of(x.device) // p.splits))
         pmax = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
         psum = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
         count = torch.zeros((n_rows,), dtype=torch.int32, device=x.device)
         _softmax_coop_kernel[(groups * p.splits,)](
             rows, out2, pmax, psum, count, n_rows, *args, p.chunk, SPLITS=p.splits,
-            GROUPS=groups, BLOCK=p.block, ONE_TILE=p.chunk <= p.block, num_warps=p.num_warps)
+            GROUPS=groups, BLOCK=p.block, ONE_TILE=p.chunk <= p.block, num_warps=p.num_warps,
+            launch_cooperative_grid=True)
     else:
         # Every (row, split) slot is written by the first kernel.
         pmax = empty((n_rows, p.splits), torch.float32, x.device)

@@ -220,3 +220,40 @@ def test_coop_shared_rows(splits, device):
     x[7, :40_000] = float("-inf")
     out = sm.triton_fused(x, path="coop", splits=splits)
     assert rel_err(out, torch.softmax(x.double(), -1)) <= TOL[torch.float32]
+
+
+_BESIDE_A_LONG_KERNEL = """
+import torch
+from triton_fusion_report.kernels import row_softmax as sm
+dev = torch.device("cuda")
+a = torch.randn(12288, 12288, device=dev)
+x = torch.randn(64, 262_144, device=dev)
+want = torch.softmax(x, -1)
+busy, one, two = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+torch.cuda.synchronize()
+for _ in range(3):
+    with torch.cuda.stream(busy):
+        for _ in range(4):
+            a @ a  # fills every SM for ~100 ms
+    outs = []
+    for s in (one, two, one, two):  # two co-operative grids in flight at once
+        with torch.cuda.stream(s):
+            outs.append(sm.triton_fused(x, path="coop"))
+    torch.cuda.synchronize()
+    assert max((o - want).abs().max().item() for o in outs) < 1e-6
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and a second stream")
+def test_coop_beside_another_stream():
+    """The co-operative path waits for a row's other programs. Launched twice at once on two
+    streams while a long matmul occupies the GPU from a third, each grid must still finish
+    (co-operative launch: all of a grid's programs resident at once; otherwise two half-resident
+    grids could each spin forever) and be right. A hang fails through the subprocess's timeout."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _BESIDE_A_LONG_KERNEL], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import (check_contiguous, check_pow2, check_same, check_tensor, empty, interpreting,
-                      is_fake)
+from ._common import (cdiv, check_contiguous, check_pow2, check_same, check_tensor, empty,
+                      interpreting, is_fake, next_pow2)
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
 
@@ -142,7 +142,7 @@ def _attn_fwd(Q, K, V, O, sm_scale, ZH, SEQ,
 
 
 def _descriptor_pre_hook(nargs):
-    """Host descriptors carry their block shape: set it from the config being launched."""
+    """Host descriptors carry their block shape: set it from the config to be launched."""
     if isinstance(nargs["Q"], TensorDescriptor):
         block_d = nargs["BLOCK_D"]
         nargs["Q"].block_shape = [nargs["BLOCK_M"], block_d]
@@ -160,19 +160,35 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages); causal needs BLOCK_M %
 ]
 
 
-def _prune(configs, named_args, **kwargs):
-    # 128-row blocks only when there are 128 queries to fill them.
-    seq = {**named_args, **kwargs}["SEQ"]
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, seq)]
-    return kept or configs
+# The tuned config per (sequence bucket, head_dim, causal, dtype, device). Sequence lengths share
+# a bucket up to the next power of two, so a model whose length changes every call tunes once
+# per bucket, not once per length.
+_TUNED: dict = {}
 
 
-_attn_fwd_tuned = triton.autotune(
-    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s,
-                   pre_hook=_descriptor_pre_hook) for bm, bn, w, s in CONFIGS],
-    key=["SEQ", "HEAD_DIM", "CAUSAL"],
-    prune_configs_by={"early_config_prune": _prune},
-)(_attn_fwd)
+def seq_bucket(seq: int) -> int:
+    return max(64, next_pow2(seq))
+
+
+def _bench(fn) -> float:
+    """Median ms of fn (a module attribute so that the tests can replace the timing)."""
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _tune(key, seq, launch) -> tuple:
+    """Time every candidate (128-row blocks only when there are 128 queries to fill them) and
+    keep the fastest; candidates that do not compile (shared memory) are skipped."""
+    candidates = [c for c in CONFIGS if c[0] <= max(64, seq)]
+    timings = {}
+    for cfg in candidates:
+        try:
+            timings[cfg] = _bench(lambda: launch(cfg))
+        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
+            continue
+    if not timings:
+        raise RuntimeError(f"no attention config compiles for {key}")
+    _TUNED[key] = min(timings, key=timings.get)
+    return _TUNED[key]
 
 
 def default_config(seq: int, head_dim: int, causal: bool) -> dict:
@@ -246,9 +262,10 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
                  num_warps=None, num_stages=None) -> torch.Tensor:
     """FlashAttention-2 forward in one Triton kernel; grid (seq / block_m, batch * heads).
 
-    With every launch parameter None on a GPU, the kernel is autotuned over CONFIGS (keyed on seq,
-    head_dim and causal; the first call per key pays for the search). Otherwise the missing
-    parameters come from default_config, as they always do under the interpreter.
+    With every launch parameter None on a GPU, the config is tuned over CONFIGS once per
+    (seq_bucket(seq), head_dim, causal, dtype, device): the first call per key pays for the
+    search. Otherwise the missing parameters come from default_config, as they always do under
+    the interpreter.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape
@@ -260,7 +277,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         p is None for p in (block_m, block_n, num_warps, num_stages))
     host = _use_host_descriptors(q.device)
     if host:
-        # Block shapes are filled in just before launch (by the autotuner's pre-hook when tuning).
+        # Block shapes are filled in just before each launch (_descriptor_pre_hook).
         q_arg, k_arg, v_arg = (TensorDescriptor(t, [batch * heads * seq, head_dim], [head_dim, 1],
                                                 [1, 1]) for t in (q, k, v))
     else:
@@ -272,23 +289,28 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     args = (q_arg, k_arg, v_arg, out, sm_scale, batch * heads, seq)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype))
+
+    def launch(cfg):
+        bm, bn, warps, stages = cfg
+        if host:
+            _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=bm, BLOCK_N=bn,
+                                      BLOCK_D=block_d))
+        _attn_fwd[(cdiv(seq, bm), batch * heads)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn,
+                                                  num_warps=warps, num_stages=stages)
+
     if tuned:
-        grid = lambda meta: (triton.cdiv(seq, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-        _attn_fwd_tuned[grid](*args, **consts)
-        return out
-    cfg = default_config(seq, head_dim, causal)
-    block_m = check_pow2("block_m", cfg["block_m"] if block_m is None else block_m, why=DOT_MIN)
-    block_n = check_pow2("block_n", cfg["block_n"] if block_n is None else block_n, why=DOT_MIN)
-    if causal and block_m % block_n:
-        raise ValueError(f"causal attention needs block_m to be a multiple of block_n, got "
-                         f"block_m={block_m}, block_n={block_n}")
-    if host:
-        _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=block_m, BLOCK_N=block_n,
-                                  BLOCK_D=block_d))
-    grid = (triton.cdiv(seq, block_m), batch * heads)
-    _attn_fwd[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n,
-                    num_warps=cfg["num_warps"] if num_warps is None else num_warps,
-                    num_stages=cfg["num_stages"] if num_stages is None else num_stages)
+        key = (seq_bucket(seq), head_dim, causal, q.dtype, q.device)
+        cfg = _TUNED.get(key) or _tune(key, seq, launch)
+    else:
+        d = default_config(seq, head_dim, causal)
+        block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)
+        block_n = check_pow2("block_n", d["block_n"] if block_n is None else block_n, why=DOT_MIN)
+        if causal and block_m % block_n:
+            raise ValueError(f"causal attention needs block_m to be a multiple of block_n, got "
+                             f"block_m={block_m}, block_n={block_n}")
+        cfg = (block_m, block_n, d["num_warps"] if num_warps is None else num_warps,
+               d["num_stages"] if num_stages is None else num_stages)
+    launch(cfg)
     return out
 
 

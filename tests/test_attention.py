@@ -87,26 +87,32 @@ def test_device_side_descriptors(causal, device, monkeypatch):
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real autotuner")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
 @pytest.mark.parametrize("causal", [False, True])
-def test_autotuned_launch(causal, device, monkeypatch):
-    """The GPU's default path (autotuner, descriptor pre-hook, pruning) under the interpreter,
-    with the timing replaced by one plain run of each config."""
+def test_tuned_launch(causal, device, monkeypatch):
+    """The GPU's default path (tuning, descriptor blocks, pruning) under the interpreter, with
+    the timing replaced by one plain run of each config; a new length in the same bucket reuses
+    the choice, a longer one tunes again."""
     runs = []
 
-    def one_run(kernel_call, quantiles):
-        kernel_call()
+    def one_run(fn):
+        fn()
         runs.append(1)
-        return [float(len(runs))] * 3
+        return float(len(runs))  # the first candidate is the fastest
 
     monkeypatch.setattr(at, "interpreting", lambda: False)
-    monkeypatch.setitem(at._attn_fwd_tuned.__dict__, "do_bench", one_run)
-    monkeypatch.setattr(at._attn_fwd_tuned, "cache", {})
+    monkeypatch.setattr(at, "_bench", one_run)
+    monkeypatch.setattr(at, "_TUNED", {})
     q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
     out = kernels.attention(q, k, v, causal=causal)
     assert len(runs) == 2  # seq 100 prunes the 128-row configs: two 64-row ones are left
-    assert at._attn_fwd_tuned.best_config.kwargs["BLOCK_M"] == 64
+    assert list(at._TUNED.values()) == [at.CONFIGS[4]]
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+    q, k, v = qkv((1, 2, 120, 64), torch.float16, device)  # same bucket (128): no tuning
+    assert rel_err(kernels.attention(q, k, v, causal=causal), ref64(q, k, v, causal)) <= \
+        FUSED_TOL[torch.float16]
+    assert len(runs) == 2
+    assert at.seq_bucket(100) == at.seq_bucket(128) == 128 < at.seq_bucket(129)
 
 
 @pytest.mark.parametrize("causal", [False, True])

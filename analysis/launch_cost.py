@@ -3,8 +3,8 @@
     python -m triton_fusion_report.analysis.launch_cost --out DIR/launch_cost.csv
 
 For every public op and implementation (eager, torch.compile, Triton unfused and fused, the public
-function, and the registered op called through the dispatcher) this records the wall-clock time
-per call of many back-to-back calls (one sync at the end: the GPU never waits, the host does) and
+function, and the registered op called through the dispatcher) this records the first call's
+time (compilation or cache loading, tuning), the wall-clock time per call of many back-to-back calls (one sync at the end: the GPU never waits, the host does) and
 the GPU time per call (CUDA-graph replay), beside the floor measured in the same run: an empty
 Triton kernel's launch with one argument and with ten. One launch instead of three is half of what
 fusion buys at small sizes; this table measures that half.
@@ -54,6 +54,16 @@ def host_us(fn, n: int = N_CALLS) -> float:
         batches.append((time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
     return sorted(batches)[2]
+
+
+def first_ms(fn) -> float:
+    """The first call in this process, to its end on the GPU: compilation (or loading from
+    Triton's and Inductor's disk caches), tuning, planning."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def gpu_us(fn) -> float | None:
@@ -110,6 +120,9 @@ def cases(dev):
         triton_unfused=lambda: fa.triton_unfused(q, k, v),
         triton_fused=lambda: fa.triton_fused(q, k, v), public=lambda: kernels.attention(q, k, v),
         registered_op=lambda: ops.OPS["attention"](q, k, v, False, None))
+    q2, k2, v2 = r(1, 2, 120, 64), r(1, 2, 120, 64), r(1, 2, 120, 64)
+    yield "attention", "1x2x120x64 (new length, same bucket)", dict(
+        public=lambda: kernels.attention(q2, k2, v2))
     xm, wm, bm = r(64, 64), r(64, 64), r(64)
     ref_ms = lambda: torch.softmax(torch.addmm(bm, xm, wm), -1)  # noqa: E731
     yield "matmul_softmax", "64x64x64", dict(
@@ -133,14 +146,17 @@ def measure(dev) -> list[dict]:
     rows = []
 
     def add(op, shape, impl, fn):
+        first = host = gpu = None
         try:
+            first = first_ms(fn)
             host, gpu, error = host_us(fn), gpu_us(fn), ""
         except Exception as exc:  # noqa: BLE001 - recorded, the table goes on
-            host, gpu, error = None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
-        rows.append(dict(meta, op=op, shape=shape, impl=impl, host_us=host, gpu_us=gpu,
-                         error=error))
-        print(f"{op:20s} {shape:14s} {impl:15s} host {host or float('nan'):8.1f} us   "
-              f"gpu {gpu or float('nan'):7.1f} us {error}", flush=True)
+            error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(dict(meta, op=op, shape=shape, impl=impl, first_ms=first, host_us=host,
+                         gpu_us=gpu, error=error))
+        print(f"{op:20s} {shape:14s} {impl:15s} first {first or float('nan'):9.1f} ms  host "
+              f"{host or float('nan'):8.1f} us   gpu {gpu or float('nan'):7.1f} us {error}",
+              flush=True)
 
     add("raw launch", "1 arg", "triton_noop", lambda: _noop1[(1,)](p, BLOCK=16))
     add("raw launch", "10 args", "triton_noop",

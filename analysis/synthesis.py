@@ -329,3 +329,58 @@ def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict
                                                        if len(sel) else np.nan)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# --- the launch half: per-call cost at tiny sizes (launch_cost.csv) ------------------------------
+
+LAUNCH_IMPLS = {"torch_eager": "eager", "torch_compile": "compile", "sdpa": "SDPA",
+                "triton_unfused": "unfused", "triton_fused": "fused", "public": "kernels.*",
+                "registered_op": "torch.ops"}
+LAUNCH_OPS = {"add_mul": "add-mul", "softmax": "softmax", "layer_norm": "LayerNorm",
+              "layer_norm fwd+bwd": "LayerNorm fwd+bwd", "softmax_matmul": "softmax(X)@V",
+              "attention": "attention", "matmul_softmax": "matmul+softmax",
+              "linear_act": "linear+act"}
+# A call costs "a launch" when it is within this factor of an empty kernel's launch.
+LAUNCH_SLACK = 1.25
+
+
+def _launch_ok(lc: pd.DataFrame) -> pd.DataFrame:
+    return lc[lc["error"].isna() | (lc["error"].astype(str) == "")]
+
+
+def launch_table(lc: pd.DataFrame) -> pd.DataFrame:
+    """Host µs per call (back-to-back calls) per op and implementation, and the GPU µs of the
+    public function's work (graph replay)."""
+    ok = _launch_ok(lc)
+    ops = ok[ok["op"] != "raw launch"]
+    wide = ops.pivot_table(index=["op", "shape"], columns="impl", values="host_us", sort=False)
+    out = wide[[c for c in LAUNCH_IMPLS if c in wide]].rename(columns=LAUNCH_IMPLS)
+    out["GPU µs"] = ops[ops["impl"] == "public"].set_index(["op", "shape"])["gpu_us"]
+    out = out.reset_index()
+    out["op"] = out["op"].map(lambda op: LAUNCH_OPS.get(op, op))
+    out["shape"] = out["shape"].str.replace(" (new length, same bucket)", " (new length)",
+                                            regex=False)
+    return out.rename(columns={"shape": "size"})
+
+
+def launch_findings(lc: pd.DataFrame) -> dict:
+    """The floor (an empty Triton kernel's launch, 1 and 10 arguments), the public functions'
+    cost over the 10-argument floor, and which ops are within LAUNCH_SLACK of it."""
+    ok = _launch_ok(lc)
+    raw = ok[ok["op"] == "raw launch"].set_index("shape")["host_us"]
+    ops = ok[(ok["op"] != "raw launch") & ~ok["shape"].str.contains("new length")]
+    host = ops.pivot_table(index="op", columns="impl", values="host_us", sort=False)
+    floor = raw.get("10 args", float("nan"))
+    # One call, one launch (or a few): the forward ops; fwd+bwd rows are a training step's part.
+    ratio = host.loc[[op for op in host.index if "bwd" not in op], "public"] / floor
+    dispatcher = (host["registered_op"] - host["public"]).dropna()
+    return dict(floor_1=raw.get("1 arg", float("nan")), floor_10=floor,
+                ratio_min=float(ratio.min()), ratio_max=float(ratio.max()),
+                within=[op for op, r in ratio.items() if r <= LAUNCH_SLACK],
+                n_ops=int(ratio.notna().sum()), n_cases=len(host.index),
+                eager_faster=[op for op in host.index
+                              if host.loc[op, "torch_eager"] < host.loc[op, "public"]],
+                dispatcher_us=float(dispatcher.median()) if len(dispatcher) else float("nan"),
+                commit=str(lc["git_commit"].iloc[0]), gpu=str(lc["gpu"].iloc[0]),
+                date=str(lc["started_at"].iloc[0])[:10], torch=str(lc["torch"].iloc[0]),
+                triton=str(lc["triton"].iloc[0]))

@@ -355,7 +355,10 @@ def launch_table(lc: pd.DataFrame) -> pd.DataFrame:
     ops = ok[ok["op"] != "raw launch"]
     wide = ops.pivot_table(index=["op", "shape"], columns="impl", values="host_us", sort=False)
     out = wide[[c for c in LAUNCH_IMPLS if c in wide]].rename(columns=LAUNCH_IMPLS)
-    out["GPU µs"] = ops[ops["impl"] == "public"].set_index(["op", "shape"])["gpu_us"]
+    public = ops[ops["impl"] == "public"].set_index(["op", "shape"])
+    out["GPU µs"] = public["gpu_us"]
+    if "first_ms" in public:
+        out["first call ms"] = public["first_ms"]
     out = out.reset_index()
     out["op"] = out["op"].map(lambda op: LAUNCH_OPS.get(op, op))
     out["shape"] = out["shape"].str.replace(" (new length, same bucket)", " (new length)",

@@ -61,15 +61,21 @@ def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
 
 @triton.jit
 def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs_n, qk_scale, seq,
-                BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr):
-    """Key/value tiles [lo, hi). MASK: 0 none, 1 causal (diagonal tiles), 2 keys past seq."""
+                BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr,
+                SCALE_POS: tl.constexpr):
+    """Key/value tiles [lo, hi). MASK: 0 none, 1 causal (diagonal tiles), 2 keys past seq.
+    SCALE_POS: qk_scale >= 0 (else the row's largest scaled score is its smallest score times
+    the scale)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = desc_k.load([offset_y + start_n, 0])
         qk = _dot(q, k.T, None, "tf32", UPCAST)
         if MASK == 0:
             # Scale folded into the max and one FMA; base-2 exponent throughout.
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            if SCALE_POS:
+                m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            else:
+                m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
             alpha = tl.math.exp2(m_i - m_ij)
         else:
@@ -98,7 +104,8 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs
 @triton.jit
 def _attn_fwd(Q, K, V, O, sm_scale, ZH, SEQ,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-              UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     # q, k, v viewed as (batch * heads * seq, head_dim): a tile past the end of one head reads
@@ -120,17 +127,17 @@ def _attn_fwd(Q, K, V, O, sm_scale, ZH, SEQ,
         # Tiles left of the diagonal block need no mask; tiles right of it are skipped.
         lo = start_m * BLOCK_M
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, 0, lo, offs_m,
-                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST)
+                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST, SCALE_POS)
         hi = tl.minimum(lo + BLOCK_M, SEQ)
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m,
-                                    offs_n, qk_scale, SEQ, BLOCK_N, 1, UPCAST)
+                                    offs_n, qk_scale, SEQ, BLOCK_N, 1, UPCAST, SCALE_POS)
     else:
         # Whole tiles unmasked, then the partial last tile (if any) with keys past seq masked.
         n_full = SEQ - SEQ % BLOCK_N
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, 0, n_full, offs_m,
-                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST)
+                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST, SCALE_POS)
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, n_full, SEQ,
-                                    offs_m, offs_n, qk_scale, SEQ, BLOCK_N, 2, UPCAST)
+                                    offs_m, offs_n, qk_scale, SEQ, BLOCK_N, 2, UPCAST, SCALE_POS)
     acc = acc / l_i[:, None]
     # A masked pointer store: rows past seq belong to the next head, columns past head_dim to
     # the next row (the epilogue is one tile per program, a small share of the traffic).
@@ -288,7 +295,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
                                  torch.empty(size, dtype=torch.int8, device=q.device))
     args = (q_arg, k_arg, v_arg, out, sm_scale, batch * heads, seq)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
-                  UPCAST=_upcast_bf16(q.dtype))
+                  UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0)
 
     def launch(cfg):
         bm, bn, warps, stages = cfg

@@ -1,0 +1,173 @@
+"""Compile every Triton kernel, as the smoke configurations launch it, for an H100 (sm_90), on a
+machine without a GPU.
+
+Triton's interpreter runs the kernels on the CPU but never compiles them, so an error only the
+compiler raises (a global that is not a constexpr, a type the backend refuses, too much shared
+memory) passes the CPU suite and fails on the GPU. This closes that gap in two steps:
+
+    TRITON_INTERPRET=1 python -m triton_fusion_report.analysis.compile_check --record specs.json
+    python -m triton_fusion_report.analysis.compile_check --compile specs.json
+
+The first runs every smoke configuration of every Triton implementation through the interpreter
+and writes down each launch: the kernel, its argument types, constexprs and launch options. The
+second (no interpreter) compiles each distinct launch down to a cubin for sm_90 with Triton's
+own compiler and the ptxas it ships, and lists the failures.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import sys
+
+import torch
+
+TARGET = ("cuda", 90, 32)
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_cooperative_grid")
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+          torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8",
+          torch.bool: "i1"}
+
+
+def _describe(value):
+    """A JSON description of a kernel argument: enough to rebuild its signature type."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if isinstance(value, torch.Tensor):
+        return ["tensor", DTYPES[value.dtype]]
+    if isinstance(value, TensorDescriptor):
+        return ["desc", DTYPES[value.base.dtype], list(value.block_shape)]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, int):
+        return ["int", value]
+    if isinstance(value, float):
+        return ["float", value]
+    if value is None:
+        return ["none"]
+    if isinstance(value, str):
+        return ["str", value]
+    return ["other", repr(value)]
+
+
+def record(device=torch.device("cpu")) -> list[dict]:
+    """Every distinct launch of the smoke configurations, under the interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from .__main__ import FAMILIES
+
+    seen, specs = set(), []
+    original = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        spec = dict(module=self.fn.__module__, kernel=self.fn.__name__,
+                    args=[_describe(a) for a in args],
+                    kwargs={k: _describe(v) for k, v in sorted(kwargs.items())})
+        key = json.dumps(spec, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            specs.append(spec)
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+    try:
+        for family, problems in FAMILIES.items():
+            for i, problem in enumerate(problems("smoke")):
+                torch.manual_seed(i)
+                random.seed(i)
+                inputs = problem.make_inputs(device)
+                for v in problem.variants:
+                    if v.impl.startswith("triton"):
+                        try:
+                            v.fn(*inputs)
+                        except (ValueError, TypeError):
+                            pass  # a refusal launches nothing
+        # What the sweeps' smoke grid does not run: the backward kernels, and LayerNorm's kernels
+        # for rows past a register tile.
+        from .. import kernels
+
+        for n in (40, 20_000):
+            x = torch.randn(2, n, requires_grad=True)
+            w = torch.randn(n, requires_grad=True)
+            kernels.layer_norm(x, w, w).sum().backward()
+        kernels.softmax(torch.randn(5, 40, requires_grad=True)).sum().backward()
+        kernels.softmax(torch.randn(3, 20_000, requires_grad=True)).sum().backward()
+    finally:
+        InterpretedFunction.run = original
+    return specs
+
+
+def _signature(fn, spec):
+    """(signature, constexprs, options) for triton.compile from a recorded launch."""
+    values = dict(zip(fn.arg_names, spec["args"]))
+    options = {}
+    for k, v in spec["kwargs"].items():
+        (options if k in OPTIONS else values)[k] = v
+    signature, constexprs = {}, {}
+    for p in fn.params:
+        kind, *rest = values[p.name]
+        if p.is_constexpr or kind in ("none", "str"):
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = rest[0] if rest else None
+        elif kind == "tensor":
+            signature[p.name] = "*" + rest[0]
+        elif kind == "desc":
+            signature[p.name] = f"tensordesc<{rest[0]}[{','.join(map(str, rest[1]))}]>"
+        elif kind == "bool":
+            signature[p.name] = "i1"
+        elif kind == "int":
+            signature[p.name] = "i32" if -2**31 <= rest[0] < 2**31 else "i64"
+        elif kind == "float":
+            signature[p.name] = "fp32"
+        else:
+            raise TypeError(f"{p.name}: cannot type {values[p.name]}")
+    return signature, constexprs, {k: v[1] for k, v in options.items()}
+
+
+def compile_all(specs: list[dict]) -> list[str]:
+    """Compile each recorded launch for sm_90; return the failures."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget(*TARGET)
+    failures = []
+    for spec in specs:
+        fn = getattr(importlib.import_module(spec["module"]), spec["kernel"])
+        name = f"{spec['module']}.{spec['kernel']}"
+        try:
+            signature, constexprs, options = _signature(fn, spec)
+            # Options the compiler does not take (the co-operative launch is a launch option).
+            options.pop("launch_cooperative_grid", None)
+            src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+            triton.compile(src, target=target, options=options)
+        except Exception as exc:  # noqa: BLE001 - every failure is listed
+            failures.append(f"{name} {json.dumps(spec['kwargs'])}: {type(exc).__name__}: "
+                            f"{str(exc)[:600]}")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.compile_check",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--record", metavar="JSON", help="run the smoke configurations (interpreter)")
+    ap.add_argument("--compile", metavar="JSON", help="compile the recorded launches for sm_90")
+    args = ap.parse_args(argv)
+    if args.record:
+        specs = record()
+        with open(args.record, "w") as f:
+            json.dump(specs, f, indent=1)
+        print(f"{len(specs)} distinct launches -> {args.record}")
+    if args.compile:
+        with open(args.compile) as f:
+            specs = json.load(f)
+        failures = compile_all(specs)
+        print("\n".join(failures) if failures else f"all {len(specs)} launches compile for sm_90")
+        return 1 if failures else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -93,9 +93,34 @@ def record(device=torch.device("cpu")) -> list[dict]:
             kernels.layer_norm(x, w, w).sum().backward()
         kernels.softmax(torch.randn(5, 40, requires_grad=True)).sum().backward()
         kernels.softmax(torch.randn(3, 20_000, requires_grad=True)).sum().backward()
+        for causal in (False, True):
+            q = torch.randn(1, 2, 40, 64, dtype=torch.float16, requires_grad=True)
+            kernels.attention(q, q, q, causal).sum().backward()
     finally:
         InterpretedFunction.run = original
-    return specs
+    return specs + _gpu_block_variants(specs)
+
+
+def _gpu_block_variants(specs: list[dict]) -> list[dict]:
+    """The attention backward's launches again with the blocks the GPU uses (the interpreter's
+    are small), at head_dim 64, 128 and 256."""
+    from unittest import mock
+
+    from ..kernels import flash_attention_backward as fab
+
+    out = []
+    for spec in specs:
+        if spec["kernel"] not in ("_attn_bwd_dkdv", "_attn_bwd_dq"):
+            continue
+        for head_dim in (64, 128, 256):
+            with mock.patch.object(fab, "interpreting", lambda: False):
+                blocks = fab.default_blocks(head_dim)
+            kwargs = dict(spec["kwargs"], HEAD_DIM=["int", head_dim], BLOCK_D=["int", head_dim],
+                          BLOCK_M=["int", blocks["block_m"]], BLOCK_N=["int", blocks["block_n"]],
+                          num_warps=["int", blocks["num_warps"]],
+                          num_stages=["int", blocks["num_stages"]])
+            out.append(dict(spec, kwargs=kwargs))
+    return out
 
 
 def _signature(fn, spec):

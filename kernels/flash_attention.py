@@ -102,10 +102,10 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, sm_scale, ZH, SEQ,
+def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-              UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+              UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     # q, k, v viewed as (batch * heads * seq, head_dim): a tile past the end of one head reads
@@ -146,6 +146,10 @@ def _attn_fwd(Q, K, V, O, sm_scale, ZH, SEQ,
               + offs_d[None, :])
     tl.store(o_ptrs, acc.to(O.dtype.element_ty),
              mask=(offs_m < SEQ)[:, None] & (offs_d < HEAD_DIM)[None, :])
+    if STORE_LSE:
+        # The row's log-sum-exp of scaled scores, base 2: what the backward recomputes P from.
+        tl.store(LSE + off_hz.to(tl.int64) * SEQ + offs_m, m_i + tl.math.log2(l_i),
+                 mask=offs_m < SEQ)
 
 
 def _descriptor_pre_hook(nargs):
@@ -266,8 +270,10 @@ def _check_inputs(q, k, v, causal, sm_scale):
 
 
 def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=None,
-                 num_warps=None, num_stages=None) -> torch.Tensor:
+                 num_warps=None, num_stages=None, return_lse=False):
     """FlashAttention-2 forward in one Triton kernel; grid (seq / block_m, batch * heads).
+    return_lse: also return each query row's log-sum-exp of scaled scores (float32, base 2,
+    (batch * heads, seq)), which the backward needs.
 
     With every launch parameter None on a GPU, the config is tuned over CONFIGS once per
     (seq_bucket(seq), head_dim, causal, dtype, device): the first call per key pays for the
@@ -277,8 +283,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape
     out = empty(q.shape, q.dtype, q.device)
+    lse = empty((batch * heads, seq), torch.float32, q.device) if return_lse else None
     if out.numel() == 0:
-        return out
+        return (out, lse) if return_lse else out
     block_d = max(16, triton.next_power_of_2(head_dim))
     tuned = not interpreting() and all(
         p is None for p in (block_m, block_n, num_warps, num_stages))
@@ -293,9 +300,10 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
             # Descriptors made inside the kernel need a global-memory scratch area on sm_90+.
             triton.set_allocator(lambda size, alignment, stream:
                                  torch.empty(size, dtype=torch.int8, device=q.device))
-    args = (q_arg, k_arg, v_arg, out, sm_scale, batch * heads, seq)
+    args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, batch * heads, seq)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
-                  UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0)
+                  UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
+                  STORE_LSE=lse is not None)
 
     def launch(cfg):
         bm, bn, warps, stages = cfg
@@ -318,7 +326,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         cfg = (block_m, block_n, d["num_warps"] if num_warps is None else num_warps,
                d["num_stages"] if num_stages is None else num_stages)
     launch(cfg)
-    return out
+    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------- unfused

@@ -22,6 +22,7 @@ import torch
 
 from . import elementwise as _ew
 from . import flash_attention as _fa
+from . import flash_attention_backward as _fab
 from . import layernorm as _ln
 from . import layernorm_backward as _lnb
 from . import linear_activation as _la
@@ -307,46 +308,53 @@ def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op(f"{NS}::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  sm_scale: float | None) -> torch.Tensor:
-    return _fa.triton_fused(q, k, v, causal, sm_scale)
+                  sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, per-row log-sum-exp for the backward)."""
+    return _fa.triton_fused(q, k, v, causal, sm_scale, return_lse=True)
 
 
 @_attention_op.register_fake
 def _(q, k, v, causal, sm_scale):
     _fa._check_inputs(q, k, v, causal, sm_scale)
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch, heads, seq, _ = q.shape
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((batch * heads, seq), dtype=torch.float32))
+
+
+@torch.library.custom_op(f"{NS}::attention_backward", mutates_args=())
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           lse: torch.Tensor, dout: torch.Tensor, causal: bool, sm_scale: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fab.attention_backward(q, k, v, out, lse, dout, causal, sm_scale)
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, out, lse, dout, causal, sm_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attention_setup(ctx, inputs, output):
     q, k, v, causal, sm_scale = inputs
-    ctx.save_for_backward(q, k, v)
-    ctx.causal, ctx.sm_scale = causal, sm_scale
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.causal = causal
+    ctx.sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
 
 
-def _attention_backward(ctx, dout):
-    """The probabilities recomputed in float32 (S x S per head: memory-hungry, correct)."""
-    q, k, v = ctx.saved_tensors
-    scale = 1.0 / math.sqrt(q.shape[-1]) if ctx.sm_scale is None else ctx.sm_scale
-    qf, kf, vf, g = q.float(), k.float(), v.float(), dout.float()
-    s = (qf @ kf.transpose(-1, -2)) * scale
-    if ctx.causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
-                          float("-inf"))
-    p = torch.softmax(s, -1)
-    dv = p.transpose(-1, -2) @ g
-    dp = g @ vf.transpose(-1, -2)
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True)) * scale
-    return (ds @ kf).to(q.dtype), (ds.transpose(-1, -2) @ qf).to(k.dtype), dv.to(v.dtype), None, None
+def _attention_backward(ctx, dout, _dlse):
+    """FlashAttention-2's backward kernels (kernels.flash_attention_backward)."""
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+_attention_backward_op.register_autograd(_no_double_backward("attention's backward"))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               sm_scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * sm_scale [causal mask]) @ v in one fused Triton kernel; differentiable
-    (for now through a PyTorch backward that recomputes the probabilities).
+    (FlashAttention-2 backward kernels: dq, dk, dv from the saved log-sum-exp).
 
     q, k, v: contiguous (batch, heads, seq, head_dim) tensors of one shape, float16 or bfloat16,
     head_dim a multiple of 8 up to 256, any seq; on CUDA (or the CPU under TRITON_INTERPRET=1).
@@ -354,7 +362,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """
     if _direct(q, k, v):
         return _fa.triton_fused(q, k, v, causal, sm_scale)
-    return _attention_op(q, k, v, bool(causal), None if sm_scale is None else float(sm_scale))
+    return _attention_op(q, k, v, bool(causal),
+                         None if sm_scale is None else float(sm_scale))[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -478,7 +487,8 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
 OPS = {"add_mul": _add_mul_op, "add_mul_scalar": _add_mul_scalar_op, "softmax": _softmax_op,
        "softmax_backward": _softmax_backward_op, "layer_norm": _layer_norm_op,
        "layer_norm_backward": _layer_norm_backward_op, "softmax_matmul": _softmax_matmul_op,
-       "attention": _attention_op, "matmul_softmax": _matmul_softmax_op,
+       "attention": _attention_op, "attention_backward": _attention_backward_op,
+       "matmul_softmax": _matmul_softmax_op,
        "linear_act": _linear_act_op}
 
 __all__ = ["OPS", "add_mul", "attention", "layer_norm", "linear_act", "matmul_softmax", "softmax",

@@ -39,7 +39,7 @@ CASES = {c[0]: c for c in _cases()}
 
 
 def test_every_op_is_checked():
-    assert set(CASES) | {"layer_norm_backward"} == set(ops.OPS)
+    assert set(CASES) | {"layer_norm_backward", "attention_backward"} == set(ops.OPS)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -60,6 +60,13 @@ def test_opcheck_layer_norm_backward(need_dw, need_db):
     _, stats = ops.OPS["layer_norm"](x, w, b, 1e-5)
     torch.library.opcheck(ops.OPS["layer_norm_backward"],
                           (_r(3, 40), x, w, b, stats, need_dw, need_db))
+
+
+def test_opcheck_attention_backward():
+    q, k, v = (_r(1, 2, 24, 16, dtype=torch.float16) for _ in range(3))
+    out, lse = ops.OPS["attention"](q, k, v, True, None)
+    dout = _r(1, 2, 24, 16, dtype=torch.float16)
+    torch.library.opcheck(ops.OPS["attention_backward"], (q, k, v, out, lse, dout, True, 0.25))
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][1] is not None])

@@ -1,0 +1,153 @@
+"""Attention backward, FlashAttention-2 style: dq, dk, dv without the (seq, seq) matrices.
+
+The forward saves, per query row, the log-sum-exp of its scaled scores (base 2, as the forward
+computes them). The backward recomputes each probability tile from it, p = 2^(q k^T * scale *
+log2(e) - lse), instead of storing P, in three kernels:
+- preprocess: delta = rowsum(dO * O), per query row (the softmax Jacobian's correction term);
+- dk, dv: one program per key tile walks the query tiles (only those at or below the diagonal
+  when causal): dv += p^T dO, dk += scale * ds^T q with ds = p * (dO v^T - delta);
+- dq: one program per query tile walks the key tiles: dq += scale * ds k.
+Tiles hold q, k, v, dO in their dtype and accumulate in float32; p and ds are rounded to the
+input dtype for the tensor-core products (as FlashAttention does). Pointer loads with masks, so
+any sequence length and any head_dim up to 256 (padded to a power of two inside the kernel).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cdiv, empty, interpreting, next_pow2
+from ._common import dot as _dot
+from ._common import upcast_bf16 as _upcast_bf16
+
+
+@triton.jit
+def _load_tile(ptr, base, rows, cols, seq, head_dim):
+    """A [rows, cols] tile of a (seq, head_dim) matrix at base, zeros outside."""
+    mask = (rows < seq)[:, None] & (cols < head_dim)[None, :]
+    return tl.load(ptr + base + rows[:, None] * head_dim + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _attn_bwd_preprocess(O, DO, Delta, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    off_hz = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    base = off_hz.to(tl.int64) * SEQ * HEAD_DIM
+    o = _load_tile(O, base, rows, cols, SEQ, HEAD_DIM).to(tl.float32)
+    do = _load_tile(DO, base, rows, cols, SEQ, HEAD_DIM).to(tl.float32)
+    tl.store(Delta + off_hz.to(tl.int64) * SEQ + rows, tl.sum(o * do, 1), mask=rows < SEQ)
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, sm_scale, SEQ, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dk, dv of one key tile: the query tiles that see it, one at a time (transposed scores)."""
+    off_hz = tl.program_id(1)
+    start_n = tl.program_id(0) * BLOCK_N
+    base = off_hz.to(tl.int64) * SEQ * HEAD_DIM
+    row0 = off_hz.to(tl.int64) * SEQ
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_D)
+    k = _load_tile(K, base, offs_n, cols, SEQ, HEAD_DIM)
+    v = _load_tile(V, base, offs_n, cols, SEQ, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.44269504
+    # Causal: queries before the tile's first key see none of it.
+    lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    for start_m in tl.range(lo, SEQ, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_tile(Q, base, offs_m, cols, SEQ, HEAD_DIM)
+        do = _load_tile(DO, base, offs_m, cols, SEQ, HEAD_DIM)
+        lse = tl.load(LSE + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
+        delta = tl.load(Delta + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
+        keep = (offs_m < SEQ)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[None, :] >= offs_n[:, None])
+        qk_t = _dot(k, tl.trans(q), None, "tf32", UPCAST)
+        p_t = tl.where(keep, tl.math.exp2(qk_t * qk_scale - lse[None, :]), 0.0)
+        dv = _dot(p_t.to(do.dtype), do, dv, "tf32", UPCAST)
+        dp_t = _dot(v, tl.trans(do), None, "tf32", UPCAST)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _dot(ds_t.to(q.dtype), q, dk, "tf32", UPCAST)
+    mask = (offs_n < SEQ)[:, None] & (cols < HEAD_DIM)[None, :]
+    out = base + offs_n[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, sm_scale, SEQ, HEAD_DIM: tl.constexpr,
+                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dq of one query tile: the key tiles it sees, one at a time."""
+    off_hz = tl.program_id(1)
+    start_m = tl.program_id(0) * BLOCK_M
+    base = off_hz.to(tl.int64) * SEQ * HEAD_DIM
+    row0 = off_hz.to(tl.int64) * SEQ
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q, base, offs_m, cols, SEQ, HEAD_DIM)
+    do = _load_tile(DO, base, offs_m, cols, SEQ, HEAD_DIM)
+    lse = tl.load(LSE + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
+    delta = tl.load(Delta + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.44269504
+    hi = tl.minimum(start_m + BLOCK_M, SEQ) if CAUSAL else SEQ
+    for start_n in tl.range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(K, base, offs_n, cols, SEQ, HEAD_DIM)
+        v = _load_tile(V, base, offs_n, cols, SEQ, HEAD_DIM)
+        keep = (offs_n < SEQ)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        qk = _dot(q, tl.trans(k), None, "tf32", UPCAST)
+        p = tl.where(keep, tl.math.exp2(qk * qk_scale - lse[:, None]), 0.0)
+        dp = _dot(do, tl.trans(v), None, "tf32", UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, "tf32", UPCAST)
+    mask = (offs_m < SEQ)[:, None] & (cols < HEAD_DIM)[None, :]
+    tl.store(DQ + base + offs_m[:, None] * HEAD_DIM + cols[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+
+
+def default_blocks(head_dim: int) -> dict:
+    """(block_m, block_n, num_warps, num_stages) of the dk/dv and dq kernels."""
+    if interpreting():
+        return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    if next_pow2(head_dim) > 128:
+        return dict(block_m=32, block_n=32, num_warps=4, num_stages=1)
+    return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+
+
+def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float):
+    """(dq, dk, dv) of attention, from the forward's inputs, output and per-row log-sum-exp
+    (float32, (batch * heads, seq), base 2). q, k, v, out contiguous (batch, heads, seq, dim) of
+    one dtype; dout any layout of that shape (made contiguous)."""
+    batch, heads, seq, head_dim = q.shape
+    dout = dout.contiguous()
+    dq, dk, dv = (empty(t.shape, t.dtype, t.device) for t in (q, k, v))
+    if q.numel() == 0:
+        return dq, dk, dv
+    block_d = max(16, next_pow2(head_dim))
+    cfg = default_blocks(head_dim)
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    delta = empty((batch * heads, seq), torch.float32, q.device)
+    _attn_bwd_preprocess[(cdiv(seq, 64), batch * heads)](out, dout, delta, seq,
+                                                         HEAD_DIM=head_dim, BLOCK_M=64,
+                                                         BLOCK_D=block_d, num_warps=4)
+    consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
+                  UPCAST=_upcast_bf16(q.dtype), BLOCK_M=bm, BLOCK_N=bn,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _attn_bwd_dkdv[(cdiv(seq, bn), batch * heads)](q, k, v, dout, lse, delta, dk, dv,
+                                                    float(sm_scale), seq, **consts)
+    _attn_bwd_dq[(cdiv(seq, bm), batch * heads)](q, k, v, dout, lse, delta, dq,
+                                                  float(sm_scale), seq, **consts)
+    return dq, dk, dv
+
+
+__all__ = ["attention_backward", "default_blocks"]

@@ -165,7 +165,8 @@ def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "M
     def cell(v):
         if isinstance(v, float):
             return "—" if pd.isna(v) else format(v, floatfmt)
-        return str(v)
+        # "@" would start a citation in Pandoc's markdown (softmax(X)@V); "|" a new column.
+        return str(v).replace("@", "\\@").replace("|", "\\|")
     head = "| " + " | ".join(map(str, df.columns)) + " |"
     rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else ":---"
                           for c in df.columns) + "|"

@@ -4,8 +4,9 @@ graph and passes `torch.library.opcheck`.
 
 Each op has its Triton implementation (the family module's fused version), a fake
 implementation (the same input checks, then an empty result of the right shape: errors surface
-at trace time with the messages of eager) and an autograd formula. softmax and LayerNorm have
-fused backward kernels; the others' backward is written in PyTorch ops (correct, not fused).
+at trace time with the messages of eager) and an autograd formula. softmax, LayerNorm and
+attention have backward kernels; the others' backward is written in PyTorch ops (correct, not
+fused).
 Backward ops have no second derivative: differentiating through one raises.
 
 The public functions (`kernels.softmax` ...) call the Triton implementation directly when nothing

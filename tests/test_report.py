@@ -172,3 +172,14 @@ def test_partial_results_fall_back_to_the_reference(tmp_path, monkeypatch):
     lines = [str(eval(e, namespace)) for e in inline_expressions(text) if "data_line" in e]
     assert lines and "committed reference" in lines[0]
     assert "committed reference" not in str(R.data_line(elementwise=R.load(tmp_path, "elementwise")))
+
+
+def test_md_table_escapes_markdown():
+    """A cell's "@" would become a citation (and break the PDF: "softmax(X)@V"), a "|" a column;
+    a missing number shows as a dash."""
+    import pandas as pd
+
+    from triton_fusion_report.analysis import report as R
+
+    text = R.md_table(pd.DataFrame({"op": ["softmax(X)@V", "a|b"], "x": [1.0, float("nan")]}))
+    assert "softmax(X)\\@V" in text and "a\\|b" in text and "| —" in text

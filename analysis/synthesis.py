@@ -333,13 +333,12 @@ def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict
 
 # --- the launch half: per-call cost at tiny sizes (launch_cost.csv) ------------------------------
 
-LAUNCH_IMPLS = {"torch_eager": "eager", "torch_compile": "compile", "sdpa": "SDPA",
-                "triton_unfused": "unfused", "triton_fused": "fused", "public": "kernels.*",
+LAUNCH_IMPLS = {"torch_eager": "eager", "torch_compile": "compile", "triton_unfused": "unfused", "triton_fused": "fused", "public": "kernels.*",
                 "registered_op": "torch.ops"}
 LAUNCH_OPS = {"add_mul": "add-mul", "softmax": "softmax", "layer_norm": "LayerNorm",
-              "layer_norm fwd+bwd": "LayerNorm fwd+bwd", "softmax_matmul": "softmax(X)@V",
-              "attention": "attention", "matmul_softmax": "matmul+softmax",
-              "linear_act": "linear+act"}
+              "layer_norm fwd+bwd": "LayerNorm fwd+bwd", "softmax_matmul": "softmax(X) @ V",
+              "attention": "attention", "matmul_softmax": "matmul + softmax",
+              "linear_act": "linear + GELU"}
 # A call costs "a launch" when it is within this factor of an empty kernel's launch.
 LAUNCH_SLACK = 1.25
 
@@ -363,10 +362,10 @@ def launch_table(lc: pd.DataFrame) -> pd.DataFrame:
         fused = ops[ops["impl"] == "triton_fused"].set_index(["op", "shape"])["first_ms"]
         out["first call ms"] = fused.reindex(out.index).fillna(public["first_ms"])
     out = out.reset_index()
-    out["op"] = out["op"].map(lambda op: LAUNCH_OPS.get(op, op))
-    out["shape"] = out["shape"].str.replace(" (new length, same bucket)", " (new length)",
-                                            regex=False)
-    return out.rename(columns={"shape": "size"})
+    # The sizes are in the caption (the table is wide); a second size of one op is marked.
+    out["op"] = [LAUNCH_OPS.get(op, op) + (" (new length)" if "new length" in shape else "")
+                 for op, shape in zip(out["op"], out["shape"])]
+    return out.drop(columns="shape")
 
 
 def launch_findings(lc: pd.DataFrame) -> dict:
@@ -387,6 +386,10 @@ def launch_findings(lc: pd.DataFrame) -> dict:
                 eager_faster=[op for op in host.index
                               if host.loc[op, "torch_eager"] < host.loc[op, "public"]],
                 dispatcher_us=float(dispatcher.median()) if len(dispatcher) else float("nan"),
+                sdpa_us=float(host.loc["attention", "sdpa"]) if "sdpa" in host
+                and "attention" in host.index else float("nan"),
+                eager_attention_us=float(host.loc["attention", "torch_eager"])
+                if "attention" in host.index else float("nan"),
                 commit=str(lc["git_commit"].iloc[0]), gpu=str(lc["gpu"].iloc[0]),
                 date=str(lc["started_at"].iloc[0])[:10], torch=str(lc["torch"].iloc[0]),
                 triton=str(lc["triton"].iloc[0]))

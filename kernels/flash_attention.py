@@ -11,8 +11,9 @@ through tensor descriptors (TMA on sm_90+, plain loads elsewhere), the scale is 
 exponent (exp2 of qk * sm_scale * log2(e)), and causal attention loops only up to the diagonal,
 masking the diagonal tiles alone. Beyond the tutorial: any sequence length (the key tail is masked,
 the query tail is not stored) and any head_dim that is a multiple of 8 up to 256 (non-powers of two
-are padded to the next one inside the kernel: the descriptor zero-fills the columns past head_dim).
-float16 and bfloat16 only; q, k and v of one shape.
+are padded to the next one inside the kernel: the descriptor zero-fills the columns past head_dim),
+fewer key/value heads than query heads (grouped-query attention, read in place), and fewer queries
+than keys (a KV cache; causal aligned to the bottom right). float16 and bfloat16 only.
 """
 from __future__ import annotations
 
@@ -34,14 +35,18 @@ MAX_HEAD_DIM = 256
 
 
 def reference(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
-    """Naive PyTorch: materialised scores, in float32 (float64 if given), cast to q.dtype."""
+    """Naive PyTorch: materialised scores, in float32 (float64 if given), cast to q.dtype.
+    k and v may have fewer heads than q (each serving heads / kv_heads query heads); causal is
+    aligned to the bottom right (query i sees keys j <= i + seq_k - seq_q)."""
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = (q.to(ct) @ k.to(ct).transpose(-2, -1)) * sm_scale
     if causal:
         n_q, n_k = s.shape[-2:]
-        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril(n_k - n_q)
         s = s.masked_fill(~keep, float("-inf"))
     return (torch.softmax(s, dim=-1) @ v.to(ct)).to(q.dtype)
 
@@ -61,9 +66,10 @@ def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
 
 @triton.jit
 def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs_n, qk_scale, seq,
-                BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr,
+                shift, BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr,
                 SCALE_POS: tl.constexpr):
-    """Key/value tiles [lo, hi). MASK: 0 none, 1 causal (diagonal tiles), 2 keys past seq.
+    """Key/value tiles [lo, hi). MASK: 0 none; 1 causal (query i sees keys j <= i + shift) and
+    keys past seq; 2 keys past seq.
     SCALE_POS: qk_scale >= 0 (else the row's largest scaled score is its smallest score times
     the scale)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -80,10 +86,9 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs
             alpha = tl.math.exp2(m_i - m_ij)
         else:
             cols = start_n + offs_n
+            keep = (cols < seq)[None, :]
             if MASK == 1:
-                keep = offs_m[:, None] >= cols[None, :]
-            else:
-                keep = (cols < seq)[None, :]
+                keep = keep & (offs_m[:, None] + shift >= cols[None, :])
             qk = tl.where(keep, qk * qk_scale, float("-inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
             # A row with every key so far masked subtracts 0, not -inf (which would give NaN).
@@ -102,19 +107,23 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ,
+def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
               UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (query tile, batch * head). SEQ queries, SEQ_K keys; the H query heads of a batch
+    share H / GROUP key/value heads (GROUP query heads each: grouped-query attention)."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    # q, k, v viewed as (batch * heads * seq, head_dim): a tile past the end of one head reads
-    # the next head's rows (masked or not stored) or zeros past the tensor, never out of bounds.
-    y_dim = ZH * SEQ
-    desc_q = _maybe_make_tensor_desc(Q, [y_dim, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, BLOCK_D])
-    desc_k = _maybe_make_tensor_desc(K, [y_dim, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
-    desc_v = _maybe_make_tensor_desc(V, [y_dim, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
-    offset_y = off_hz * SEQ
+    off_kv = (off_hz // H) * (H // GROUP) + (off_hz % H) // GROUP
+    # q viewed as (batch * heads * seq, head_dim), k and v as (batch * kv heads * seq_k,
+    # head_dim): a tile past the end of one head reads the next head's rows (masked or not
+    # stored) or zeros past the tensor, never out of bounds.
+    desc_q = _maybe_make_tensor_desc(Q, [ZH * SEQ, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, BLOCK_D])
+    y_kv = ZH // GROUP * SEQ_K
+    desc_k = _maybe_make_tensor_desc(K, [y_kv, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
+    desc_v = _maybe_make_tensor_desc(V, [y_kv, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
+    offset_kv = off_kv * SEQ_K
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -122,22 +131,29 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.44269504  # log2(e): exp(x) = exp2(x * log2(e))
     # Columns past head_dim load as zeros, so the padded dot products are exact.
-    q = desc_q.load([offset_y + start_m * BLOCK_M, 0])
+    q = desc_q.load([off_hz * SEQ + start_m * BLOCK_M, 0])
     if CAUSAL:
-        # Tiles left of the diagonal block need no mask; tiles right of it are skipped.
-        lo = start_m * BLOCK_M
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, 0, lo, offs_m,
-                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST, SCALE_POS)
-        hi = tl.minimum(lo + BLOCK_M, SEQ)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m,
-                                    offs_n, qk_scale, SEQ, BLOCK_N, 1, UPCAST, SCALE_POS)
+        # Aligned to the bottom right (a KV cache: the last query sees every key): query i sees
+        # keys j <= i + shift. Tiles every query of the block sees need no mask; those past the
+        # last query's diagonal are skipped.
+        shift = SEQ_K - SEQ
+        lo = (start_m * BLOCK_M + shift + 1) // BLOCK_N * BLOCK_N
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, 0, lo, offs_m,
+                                    offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 0, UPCAST,
+                                    SCALE_POS)
+        hi = tl.minimum(start_m * BLOCK_M + BLOCK_M + shift, SEQ_K)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, lo, hi, offs_m,
+                                    offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 1, UPCAST,
+                                    SCALE_POS)
     else:
         # Whole tiles unmasked, then the partial last tile (if any) with keys past seq masked.
-        n_full = SEQ - SEQ % BLOCK_N
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, 0, n_full, offs_m,
-                                    offs_n, qk_scale, SEQ, BLOCK_N, 0, UPCAST, SCALE_POS)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, n_full, SEQ,
-                                    offs_m, offs_n, qk_scale, SEQ, BLOCK_N, 2, UPCAST, SCALE_POS)
+        n_full = SEQ_K - SEQ_K % BLOCK_N
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, 0, n_full,
+                                    offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 0, UPCAST,
+                                    SCALE_POS)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, n_full, SEQ_K,
+                                    offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 2, UPCAST,
+                                    SCALE_POS)
     acc = acc / l_i[:, None]
     # A masked pointer store: rows past seq belong to the next head, columns past head_dim to
     # the next row (the epilogue is one tile per program, a small share of the traffic).
@@ -236,12 +252,16 @@ def _check_inputs(q, k, v, causal, sm_scale):
             )
         check_tensor(name, t, dtypes=DTYPES, ndim=4)
     check_same([("q", q), ("k", k), ("v", v)])
-    if not (q.shape == k.shape == v.shape):
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] \
+            or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q, k and v must have the same shape (batch, heads, seq, head_dim), got q "
-            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; different query and key "
-            f"lengths or head counts are not supported"
-        )
+            f"q must be (batch, heads, seq_q, head_dim) and k, v (batch, kv_heads, seq_k, "
+            f"head_dim), one shape, with kv_heads dividing heads; got q {tuple(q.shape)}, k "
+            f"{tuple(k.shape)}, v {tuple(v.shape)}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"causal attention with more queries ({q.shape[2]}) than keys ({k.shape[2]}): aligned "
+            f"to the bottom right, the first queries would see no key")
     head_dim = q.shape[-1]
     if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
@@ -254,8 +274,9 @@ def _check_inputs(q, k, v, causal, sm_scale):
         if (type(t) is torch.Tensor or not is_fake(t)) and t.data_ptr() % 16:
             raise ValueError(f"{name}'s data is not 16-byte aligned (a sliced view?); call "
                              f".clone() first")
-    if q.shape[0] * q.shape[1] * q.shape[2] >= 2**31:
-        raise ValueError(f"batch * heads * seq must be < 2**31, got shape {tuple(q.shape)}")
+    if max(t.shape[0] * t.shape[1] * t.shape[2] for t in (q, k)) >= 2**31:
+        raise ValueError(f"batch * heads * seq must be < 2**31, got q {tuple(q.shape)}, k "
+                         f"{tuple(k.shape)}")
     if q.shape[0] * q.shape[1] > 65535:
         raise ValueError(f"batch * heads must be <= 65535 (a CUDA grid dimension), got shape "
                          f"{tuple(q.shape)}")
@@ -276,9 +297,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     (batch * heads, seq)), which the backward needs.
 
     With every launch parameter None on a GPU, the config is tuned over CONFIGS once per
-    (seq_bucket(seq), head_dim, causal, dtype, device): the first call per key pays for the
-    search. Otherwise the missing parameters come from default_config, as they always do under
-    the interpreter.
+    (seq_bucket of the query and of the key length, head_dim, causal, dtype, device): the first
+    call per key pays for the search. Otherwise the missing parameters come from default_config,
+    as they always do under the interpreter.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape
@@ -292,15 +313,18 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     host = _use_host_descriptors(q.device)
     if host:
         # Block shapes are filled in just before each launch (_descriptor_pre_hook).
-        q_arg, k_arg, v_arg = (TensorDescriptor(t, [batch * heads * seq, head_dim], [head_dim, 1],
-                                                [1, 1]) for t in (q, k, v))
+        q_arg, k_arg, v_arg = (TensorDescriptor(t, [t.shape[0] * t.shape[1] * t.shape[2],
+                                                    head_dim], [head_dim, 1], [1, 1])
+                               for t in (q, k, v))
     else:
         q_arg, k_arg, v_arg = q, k, v
         if q.is_cuda:
             # Descriptors made inside the kernel need a global-memory scratch area on sm_90+.
             triton.set_allocator(lambda size, alignment, stream:
                                  torch.empty(size, dtype=torch.int8, device=q.device))
-    args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, batch * heads, seq)
+    seq_k, group = k.shape[2], heads // k.shape[1]
+    args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, batch * heads, seq,
+            seq_k, heads, group)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
                   STORE_LSE=lse is not None)
@@ -314,7 +338,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
                                                   num_warps=warps, num_stages=stages)
 
     if tuned:
-        key = (seq_bucket(seq), head_dim, causal, q.dtype, q.device)
+        key = (seq_bucket(seq), seq_bucket(seq_k), head_dim, causal, q.dtype, q.device)
         cfg = _TUNED.get(key) or _tune(key, seq, launch)
     else:
         d = default_config(seq, head_dim, causal)
@@ -340,11 +364,17 @@ def triton_unfused(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape
-    if q.numel() == 0:
-        return empty(q.shape, q.dtype, q.device)
-    q3, k3, v3 = (t.reshape(batch * heads, seq, head_dim) for t in (q, k, v))
+    if q.numel() == 0 or k.shape[2] == 0:
+        return reference(q, k, v, causal, sm_scale) if q.numel() else empty(q.shape, q.dtype,
+                                                                              q.device)
+    # Grouped heads: k and v repeated per query head (a copy; this is the naive baseline).
+    group = heads // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (k, v))
+    seq_k = k.shape[2]
+    q3 = q.reshape(batch * heads, seq, head_dim)
+    k3, v3 = (t.reshape(batch * heads, seq_k, head_dim) for t in (k, v))
     s = _bmm(q3, k3.transpose(1, 2), alpha=sm_scale)
-    p = softmax_rows(s, causal=causal, max_warps=8)
+    p = softmax_rows(s, causal=causal, causal_shift=seq_k - seq, max_warps=8)
     return _bmm(p, v3).view(q.shape)
 
 

@@ -4,8 +4,9 @@ The forward saves, per query row, the log-sum-exp of its scaled scores (base 2, 
 computes them). The backward recomputes each probability tile from it, p = 2^(q k^T * scale *
 log2(e) - lse), instead of storing P, in three kernels:
 - preprocess: delta = rowsum(dO * O), per query row (the softmax Jacobian's correction term);
-- dk, dv: one program per key tile walks the query tiles (only those at or below the diagonal
-  when causal): dv += p^T dO, dk += scale * ds^T q with ds = p * (dO v^T - delta);
+- dk, dv: one program per key tile (of a key/value head) walks the query tiles of every query
+  head that shares it (grouped-query attention; only the tiles at or below the diagonal when
+  causal): dv += p^T dO, dk += scale * ds^T q with ds = p * (dO v^T - delta);
 - dq: one program per query tile walks the key tiles: dq += scale * ds k.
 Tiles hold q, k, v, dO in their dtype and accumulate in float32; p and ds are rounded to the
 input dtype for the tensor-core products (as FlashAttention does). Pointer loads with masks, so
@@ -42,52 +43,61 @@ def _attn_bwd_preprocess(O, DO, Delta, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, sm_scale, SEQ, HEAD_DIM: tl.constexpr,
-                   BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dk, dv of one key tile: the query tiles that see it, one at a time (transposed scores)."""
-    off_hz = tl.program_id(1)
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, sm_scale, SEQ, SEQ_K, H, GROUP,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                   UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dk, dv of one key tile of one key/value head: the query tiles that see it, of each of the
+    GROUP query heads that share the head, one at a time (transposed scores)."""
+    off_kv = tl.program_id(1)
     start_n = tl.program_id(0) * BLOCK_N
-    base = off_hz.to(tl.int64) * SEQ * HEAD_DIM
-    row0 = off_hz.to(tl.int64) * SEQ
+    kv_heads = H // GROUP
+    base_kv = off_kv.to(tl.int64) * SEQ_K * HEAD_DIM
     offs_n = start_n + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
-    k = _load_tile(K, base, offs_n, cols, SEQ, HEAD_DIM)
-    v = _load_tile(V, base, offs_n, cols, SEQ, HEAD_DIM)
+    k = _load_tile(K, base_kv, offs_n, cols, SEQ_K, HEAD_DIM)
+    v = _load_tile(V, base_kv, offs_n, cols, SEQ_K, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.44269504
-    # Causal: queries before the tile's first key see none of it.
-    lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
-    for start_m in tl.range(lo, SEQ, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(Q, base, offs_m, cols, SEQ, HEAD_DIM)
-        do = _load_tile(DO, base, offs_m, cols, SEQ, HEAD_DIM)
-        lse = tl.load(LSE + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
-        delta = tl.load(Delta + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
-        keep = (offs_m < SEQ)[None, :]
-        if CAUSAL:
-            keep = keep & (offs_m[None, :] >= offs_n[:, None])
-        qk_t = _dot(k, tl.trans(q), None, "tf32", UPCAST)
-        p_t = tl.where(keep, tl.math.exp2(qk_t * qk_scale - lse[None, :]), 0.0)
-        dv = _dot(p_t.to(do.dtype), do, dv, "tf32", UPCAST)
-        dp_t = _dot(v, tl.trans(do), None, "tf32", UPCAST)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = _dot(ds_t.to(q.dtype), q, dk, "tf32", UPCAST)
-    mask = (offs_n < SEQ)[:, None] & (cols < HEAD_DIM)[None, :]
-    out = base + offs_n[:, None] * HEAD_DIM + cols[None, :]
+    # Causal, aligned to the bottom right: query m sees key n when m + shift >= n, so queries
+    # before the tile's first key minus shift see none of it.
+    shift = SEQ_K - SEQ
+    lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
+    for g in range(GROUP):
+        off_h = (off_kv // kv_heads) * H + (off_kv % kv_heads) * GROUP + g
+        base = off_h.to(tl.int64) * SEQ * HEAD_DIM
+        row0 = off_h.to(tl.int64) * SEQ
+        for start_m in tl.range(lo, SEQ, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            q = _load_tile(Q, base, offs_m, cols, SEQ, HEAD_DIM)
+            do = _load_tile(DO, base, offs_m, cols, SEQ, HEAD_DIM)
+            lse = tl.load(LSE + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
+            delta = tl.load(Delta + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
+            keep = (offs_m < SEQ)[None, :]
+            if CAUSAL:
+                keep = keep & (offs_m[None, :] + shift >= offs_n[:, None])
+            qk_t = _dot(k, tl.trans(q), None, "tf32", UPCAST)
+            p_t = tl.where(keep, tl.math.exp2(qk_t * qk_scale - lse[None, :]), 0.0)
+            dv = _dot(p_t.to(do.dtype), do, dv, "tf32", UPCAST)
+            dp_t = _dot(v, tl.trans(do), None, "tf32", UPCAST)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = _dot(ds_t.to(q.dtype), q, dk, "tf32", UPCAST)
+    mask = (offs_n < SEQ_K)[:, None] & (cols < HEAD_DIM)[None, :]
+    out = base_kv + offs_n[:, None] * HEAD_DIM + cols[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, sm_scale, SEQ, HEAD_DIM: tl.constexpr,
-                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attn_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, sm_scale, SEQ, SEQ_K, H, GROUP,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                 UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dq of one query tile: the key tiles it sees, one at a time."""
     off_hz = tl.program_id(1)
     start_m = tl.program_id(0) * BLOCK_M
+    off_kv = (off_hz // H) * (H // GROUP) + (off_hz % H) // GROUP
     base = off_hz.to(tl.int64) * SEQ * HEAD_DIM
+    base_kv = off_kv.to(tl.int64) * SEQ_K * HEAD_DIM
     row0 = off_hz.to(tl.int64) * SEQ
     offs_m = start_m + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
@@ -97,14 +107,15 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, sm_scale, SEQ, HEAD_DIM: tl.conste
     delta = tl.load(Delta + row0 + offs_m, mask=offs_m < SEQ, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.44269504
-    hi = tl.minimum(start_m + BLOCK_M, SEQ) if CAUSAL else SEQ
+    shift = SEQ_K - SEQ
+    hi = tl.minimum(start_m + BLOCK_M + shift, SEQ_K) if CAUSAL else SEQ_K
     for start_n in tl.range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(K, base, offs_n, cols, SEQ, HEAD_DIM)
-        v = _load_tile(V, base, offs_n, cols, SEQ, HEAD_DIM)
-        keep = (offs_n < SEQ)[None, :]
+        k = _load_tile(K, base_kv, offs_n, cols, SEQ_K, HEAD_DIM)
+        v = _load_tile(V, base_kv, offs_n, cols, SEQ_K, HEAD_DIM)
+        keep = (offs_n < SEQ_K)[None, :]
         if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            keep = keep & (offs_m[:, None] + shift >= offs_n[None, :])
         qk = _dot(q, tl.trans(k), None, "tf32", UPCAST)
         p = tl.where(keep, tl.math.exp2(qk * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), None, "tf32", UPCAST)
@@ -126,13 +137,15 @@ def default_blocks(head_dim: int) -> dict:
 
 def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float):
     """(dq, dk, dv) of attention, from the forward's inputs, output and per-row log-sum-exp
-    (float32, (batch * heads, seq), base 2). q, k, v, out contiguous (batch, heads, seq, dim) of
-    one dtype; dout any layout of that shape (made contiguous)."""
+    (float32, (batch * heads, seq_q), base 2). q, out contiguous (batch, heads, seq_q, dim); k, v
+    contiguous (batch, kv_heads, seq_k, dim), one dtype; dout any layout of q's shape (made
+    contiguous). Causal is aligned to the bottom right, as in the forward."""
     batch, heads, seq, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
     dout = dout.contiguous()
     dq, dk, dv = (empty(t.shape, t.dtype, t.device) for t in (q, k, v))
-    if q.numel() == 0:
-        return dq, dk, dv
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
     block_d = max(16, next_pow2(head_dim))
     cfg = default_blocks(head_dim)
     bm, bn = cfg["block_m"], cfg["block_n"]
@@ -143,10 +156,11 @@ def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float):
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), BLOCK_M=bm, BLOCK_N=bn,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    _attn_bwd_dkdv[(cdiv(seq, bn), batch * heads)](q, k, v, dout, lse, delta, dk, dv,
-                                                    float(sm_scale), seq, **consts)
+    sizes = (seq, seq_k, heads, heads // kv_heads)
+    _attn_bwd_dkdv[(cdiv(seq_k, bn), batch * kv_heads)](q, k, v, dout, lse, delta, dk, dv,
+                                                         float(sm_scale), *sizes, **consts)
     _attn_bwd_dq[(cdiv(seq, bm), batch * heads)](q, k, v, dout, lse, delta, dq,
-                                                  float(sm_scale), seq, **consts)
+                                                  float(sm_scale), *sizes, **consts)
     return dq, dk, dv
 
 

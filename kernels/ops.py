@@ -357,9 +357,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """softmax(q k^T * sm_scale [causal mask]) @ v in one fused Triton kernel; differentiable
     (FlashAttention-2 backward kernels: dq, dk, dv from the saved log-sum-exp).
 
-    q, k, v: contiguous (batch, heads, seq, head_dim) tensors of one shape, float16 or bfloat16,
-    head_dim a multiple of 8 up to 256, any seq; on CUDA (or the CPU under TRITON_INTERPRET=1).
-    sm_scale defaults to 1/sqrt(head_dim). causal masks keys after the query (top-left aligned).
+    q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim) with kv_heads
+    dividing heads (grouped-query attention; k and v are not repeated in memory). Contiguous,
+    float16 or bfloat16, head_dim a multiple of 8 up to 256, any lengths; on CUDA (or the CPU
+    under TRITON_INTERPRET=1). sm_scale: any finite real, default 1/sqrt(head_dim). causal: query
+    i sees keys j <= i + seq_k - seq_q, aligned to the bottom right as FlashAttention and
+    PyTorch's `causal_lower_right` define it for a KV cache (the same as top-left when
+    seq_q == seq_k); more queries than keys is refused.
     """
     if _direct(q, k, v):
         return _fa.triton_fused(q, k, v, causal, sm_scale)
@@ -455,7 +459,8 @@ def _activation_grad(h, activation):
 
 
 def _linear_act_backward(ctx, dy):
-    """h = x W + b recomputed in float32; dh = dy * act'(h); dx = dh W^T, dW = x^T dh, db = sum dh."""
+    """h = x W + b recomputed in float32; dh = dy * act'(h); dx = dh W^T, dW = x^T dh,
+    db = sum dh."""
     x, weight, bias = ctx.saved_tensors
     xf, wf = x.float(), weight.float()
     h = xf @ wf

@@ -25,9 +25,11 @@ def _scaled(ptrs, mask, scale):
 
 @triton.jit
 def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, so_2, scale,
-                         CAUSAL: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
+                         shift, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
+                         ONE_TILE: tl.constexpr):
     """softmax(scale * x) over the last dim of a (batch, d1, d2) tensor, one program per row
-    (grid: d1, batch), written in out's dtype. CAUSAL masks the columns past the row's index.
+    (grid: d1, batch), written in out's dtype. CAUSAL masks the columns past the row's index
+    plus shift (row r keeps columns j <= r + shift).
     ONE_TILE (d2 <= BLOCK): the row in registers, read once. Else a lane-wise online (max, sum)
     over BLOCK-wide tiles, then a second read to write."""
     r = tl.program_id(0).to(tl.int64)
@@ -37,7 +39,7 @@ def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, s
     offs = tl.arange(0, BLOCK).to(tl.int64)
     n = d2
     if CAUSAL:
-        n = tl.minimum(d2, r + 1)
+        n = tl.minimum(d2, r + 1 + shift)
     if ONE_TILE:
         s = _scaled(x_row + offs * sx_2, offs < n, scale)
         p = tl.exp(s - tl.max(s, 0))
@@ -51,8 +53,8 @@ def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, s
             s = _scaled(x_row + ks * sx_2, ks < n, scale)
             m_new = tl.maximum(m, s)
             # Lanes that have seen only -inf shift by 0, not -inf (no NaN from -inf - -inf).
-            shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-            l = l * tl.exp(m - shift) + tl.exp(s - shift)
+            m_sub = tl.where(m_new == NEG_INF, 0.0, m_new)
+            l = l * tl.exp(m - m_sub) + tl.exp(s - m_sub)
             m = m_new
         m_row = tl.max(m, 0)
         inv_l = 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
@@ -64,8 +66,8 @@ def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, s
 
 
 def softmax_rows(x: torch.Tensor, out: torch.Tensor | None = None, *, scale: float = 1.0,
-                 causal: bool = False, block: int | None = None, max_block: int = 4096,
-                 max_warps: int = 16) -> torch.Tensor:
+                 causal: bool = False, causal_shift: int = 0, block: int | None = None,
+                 max_block: int = 4096, max_warps: int = 16) -> torch.Tensor:
     """softmax(scale * x, -1) of a 2-D or 3-D tensor (any strides) into `out` (default: a new
     tensor of x's dtype). block: the tile, a power of two (default the row's next power of two,
     at most max_block; a row that fits is read once). Warps: one per 256 elements of the tile, at
@@ -78,6 +80,7 @@ def softmax_rows(x: torch.Tensor, out: torch.Tensor | None = None, *, scale: flo
     block = min(max(16, next_pow2(d2)), max_block) if block is None else block
     num_warps = max(1, min(max_warps, block // 256))
     _softmax_rows_kernel[(d1, batch)](x3, o3, d1, d2, *x3.stride(), *o3.stride(), float(scale),
-                                      CAUSAL=causal, BLOCK=block, ONE_TILE=d2 <= block,
+                                      causal_shift, CAUSAL=causal, BLOCK=block,
+                                      ONE_TILE=d2 <= block,
                                       num_warps=num_warps)
     return out

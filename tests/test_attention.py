@@ -187,6 +187,52 @@ def test_backward_scale(scale, device):
         assert rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
 
+# (q shape, k/v shape): grouped heads (4 query heads on 2 and on 1 key/value heads), a KV cache
+# (fewer queries than keys, one query: decoding), both.
+GQA_SHAPES = [((1, 4, 37, 32), (1, 2, 37, 32)), ((2, 4, 20, 16), (2, 1, 20, 16)),
+              ((1, 2, 24, 32), (1, 2, 70, 32)), ((1, 2, 1, 64), (1, 2, 45, 64)),
+              ((2, 4, 5, 16), (2, 2, 33, 16))]
+
+
+@pytest.mark.parametrize("impl", ["fused", "unfused"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_shape, kv_shape", GQA_SHAPES)
+def test_grouped_heads_and_kv_cache(q_shape, kv_shape, causal, impl, device):
+    """Forward against float64: kv_heads dividing heads (no copy of k, v in the fused kernel),
+    seq_q != seq_k with the causal mask aligned to the bottom right."""
+    q = torch.randn(q_shape, device=device, dtype=torch.float16)
+    k, v = (torch.randn(kv_shape, device=device, dtype=torch.float16) for _ in range(2))
+    fn = at.triton_fused if impl == "fused" else at.triton_unfused
+    out = fn(q, k, v, causal)
+    tol = (FUSED_TOL if impl == "fused" else UNFUSED_TOL)[torch.float16]
+    assert out.shape == q.shape and rel_err(out, ref64(q, k, v, causal)) <= tol
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_shape, kv_shape", GQA_SHAPES)
+def test_grouped_heads_and_kv_cache_backward(q_shape, kv_shape, causal, device):
+    """dq, dk, dv against float64: dk and dv of a shared head sum over its query heads."""
+    q = torch.randn(q_shape, device=device, dtype=torch.float16)
+    k, v = (torch.randn(kv_shape, device=device, dtype=torch.float16) for _ in range(2))
+    dout = torch.randn_like(q)
+    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
+    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
+                  *(t.double() for t in (q, k, v)), dout.double())
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
+
+
+def test_bottom_right_causal_matches_sdpa(device):
+    """The causal alignment is PyTorch's causal_lower_right (what a KV cache needs)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    q = torch.randn(1, 2, 5, 32, device=device)
+    k, v = (torch.randn(1, 2, 12, 32, device=device) for _ in range(2))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                            attn_mask=causal_lower_right(5, 12))
+    assert rel_err(at.reference(q, k, v, True), want) <= 1e-5
+
+
 def test_one_query_attends_to_itself(device):
     """Causal row 0 sees key 0 only: its output is v[0] exactly."""
     q, k, v = qkv((1, 1, 37, 16), torch.float16, device)
@@ -217,7 +263,13 @@ def test_default_config_interpreted():
         (lambda d: qkv((1, 1, 8, 16), torch.float32, d), TypeError, "float16 or bfloat16"),
         (lambda d: qkv((1, 8, 16), torch.float16, d), ValueError, "4-D"),
         (lambda d: qkv((1, 1, 8, 16), torch.float16, d)[:2] + (ones((1, 1, 9, 16), d),),
-         ValueError, "same shape"),
+         ValueError, "one shape"),
+        (lambda d: (ones((1, 3, 8, 16), d), ones((1, 2, 8, 16), d), ones((1, 2, 8, 16), d)),
+         ValueError, "kv_heads dividing heads"),
+        (lambda d: (ones((1, 2, 8, 16), d), ones((2, 2, 8, 16), d), ones((2, 2, 8, 16), d)),
+         ValueError, "one shape"),
+        (lambda d: (ones((1, 2, 9, 16), d), ones((1, 2, 8, 16), d), ones((1, 2, 8, 16), d), True),
+         ValueError, "more queries"),
         (lambda d: qkv((1, 1, 8, 16), torch.float16, d)[:2] + (ones((1, 1, 8, 16), d).bfloat16(),),
          TypeError, "bfloat16"),
         (lambda d: qkv((1, 1, 8, 20), torch.float16, d), ValueError, "multiple of 8"),

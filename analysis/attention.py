@@ -74,7 +74,7 @@ def softmax_matmul_problems(grid: str = "full") -> list[Problem]:
 
 TOKENS, MODEL_DIM = 16384, 2048  # batch * seq and heads * head_dim, fixed across the sweep
 ATTN_GRIDS = {
-    "full": dict(seqs=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128],
+    "full": dict(seqs=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
                  dtype=torch.float16, unfused_max_seq=4096),
     "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, unfused_max_seq=64,
                   tokens=74, model_dim=32),

@@ -10,8 +10,9 @@ The fused kernel follows Triton's tutorial 06 ("fused attention") for Hopper: ti
 through tensor descriptors (TMA on sm_90+, plain loads elsewhere), the scale is folded into the
 exponent (exp2 of qk * sm_scale * log2(e)), and causal attention loops only up to the diagonal,
 masking the diagonal tiles alone. Beyond the tutorial: any sequence length (the key tail is masked,
-the query tail is not stored) and any head_dim that is a multiple of 8 up to 256 (non-powers of two
-are padded to the next one inside the kernel: the descriptor zero-fills the columns past head_dim),
+the query tail is not stored) and any head_dim up to 256 (non-powers of two are padded to the next
+one inside the kernel, where the descriptor zero-fills the columns past head_dim; head dims that
+are not a multiple of 8 are first padded on the host, as descriptor rows need 16 bytes),
 fewer key/value heads than query heads (grouped-query attention, read in place), and fewer queries
 than keys (a KV cache; causal aligned to the bottom right). float16 and bfloat16 only.
 """
@@ -21,6 +22,7 @@ import math
 import numbers
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -263,11 +265,8 @@ def _check_inputs(q, k, v, causal, sm_scale):
             f"causal attention with more queries ({q.shape[2]}) than keys ({k.shape[2]}): aligned "
             f"to the bottom right, the first queries would see no key")
     head_dim = q.shape[-1]
-    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"head_dim must be a multiple of 8 between 8 and {MAX_HEAD_DIM} (rows of 16 bytes for "
-            f"the tensor descriptors), got {head_dim}"
-        )
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_contiguous(name, t)
         # Fake tensors (torch.compile's tracing) have no address to check.
@@ -302,6 +301,16 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     as they always do under the interpreter.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
+    if q.shape[-1] % 8:
+        # Tensor descriptors need rows of 16 bytes: zero columns up to a multiple of 8 change no
+        # dot product (a copy of q, k, v; only for such head dims).
+        pad = 8 - q.shape[-1] % 8
+        res = triton_fused(*(F.pad(t, (0, pad)) for t in (q, k, v)), causal, sm_scale,
+                           block_m=block_m, block_n=block_n, num_warps=num_warps,
+                           num_stages=num_stages, return_lse=return_lse)
+        out, lse = res if return_lse else (res, None)
+        out = out[..., :q.shape[-1]].contiguous()
+        return (out, lse) if return_lse else out
     batch, heads, seq, head_dim = q.shape
     out = empty(q.shape, q.dtype, q.device)
     lse = empty((batch * heads, seq), torch.float32, q.device) if return_lse else None

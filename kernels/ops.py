@@ -359,7 +359,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
     q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim) with kv_heads
     dividing heads (grouped-query attention; k and v are not repeated in memory). Contiguous,
-    float16 or bfloat16, head_dim a multiple of 8 up to 256, any lengths; on CUDA (or the CPU
+    float16 or bfloat16, head_dim up to 256, any lengths; on CUDA (or the CPU
     under TRITON_INTERPRET=1). sm_scale: any finite real, default 1/sqrt(head_dim). causal: query
     i sees keys j <= i + seq_k - seq_q, aligned to the bottom right as FlashAttention and
     PyTorch's `causal_lower_right` define it for a KV cache (the same as top-left when

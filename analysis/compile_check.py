@@ -96,6 +96,11 @@ def record(device=torch.device("cpu")) -> list[dict]:
         for causal in (False, True):
             q = torch.randn(1, 2, 40, 64, dtype=torch.float16, requires_grad=True)
             kernels.attention(q, q, q, causal).sum().backward()
+            # Views of one QKV projection (4-D descriptors), grouped heads, a KV cache.
+            qkv = torch.randn(1, 40, 3, 2, 64, dtype=torch.float16)
+            kernels.attention(*(qkv[:, :, i].transpose(1, 2) for i in range(3)), causal)
+            kv = torch.randn(1, 1, 50, 64, dtype=torch.float16)
+            kernels.attention(q.detach(), kv, kv, causal)
     finally:
         InterpretedFunction.run = original
     return specs + _gpu_block_variants(specs)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import (cdiv, check_contiguous, check_pow2, check_same, check_tensor, empty,
+from ._common import (cdiv, check_pow2, check_same, check_tensor, empty,
                       interpreting, is_fake, next_pow2)
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -67,16 +67,28 @@ def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
 
 
 @triton.jit
-def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs_n, qk_scale, seq,
-                shift, BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr,
-                SCALE_POS: tl.constexpr):
+def _load_rows(desc, b, h, row, offset_y, STRIDED: tl.constexpr, ROWS: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """ROWS rows of one head from `row` on: a 4-D descriptor (any strides) takes (batch, head,
+    row); a 2-D one over the contiguous (batch * heads * seq, head_dim) view, offset_y + row."""
+    if STRIDED:
+        return desc.load([b, h, row, 0]).reshape([ROWS, BLOCK_D])
+    else:
+        return desc.load([offset_y + row, 0])
+
+
+@triton.jit
+def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_y, lo, hi, offs_m, offs_n,
+                qk_scale, seq, shift, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STRIDED: tl.constexpr,
+                BLOCK_D: tl.constexpr):
     """Key/value tiles [lo, hi). MASK: 0 none; 1 causal (query i sees keys j <= i + shift) and
     keys past seq; 2 keys past seq.
     SCALE_POS: qk_scale >= 0 (else the row's largest scaled score is its smallest score times
     the scale)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = desc_k.load([offset_y + start_n, 0])
+        k = _load_rows(desc_k, kv_b, kv_h, start_n, offset_y, STRIDED, BLOCK_N, BLOCK_D)
         qk = _dot(q, k.T, None, "tf32", UPCAST)
         if MASK == 0:
             # Scale folded into the max and one FMA; base-2 exponent throughout.
@@ -99,7 +111,7 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs
             alpha = tl.math.exp2(m_i - m_sub)
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = desc_v.load([offset_y + start_n, 0])
+        v = _load_rows(desc_v, kv_b, kv_h, start_n, offset_y, STRIDED, BLOCK_N, BLOCK_D)
         # p rounded to v's dtype for the tensor-core product, accumulated in float32.
         acc = _dot(p.to(v.dtype), v, acc, "tf32", UPCAST)
         # Updated last, to shorten the live ranges inside the loop (as the tutorial does).
@@ -112,9 +124,10 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_y, lo, hi, offs_m, offs
 def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
               UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              STRIDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Program (query tile, batch * head). SEQ queries, SEQ_K keys; the H query heads of a batch
-    share H / GROUP key/value heads (GROUP query heads each: grouped-query attention)."""
+    share H / GROUP key/value heads (GROUP query heads each: grouped-query attention). STRIDED:
+    q, k, v are 4-D host descriptors over tensors of any strides (else 2-D, contiguous)."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_kv = (off_hz // H) * (H // GROUP) + (off_hz % H) // GROUP
@@ -126,6 +139,8 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
     desc_k = _maybe_make_tensor_desc(K, [y_kv, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
     desc_v = _maybe_make_tensor_desc(V, [y_kv, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
     offset_kv = off_kv * SEQ_K
+    kv_b = off_kv // (H // GROUP)
+    kv_h = off_kv % (H // GROUP)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -133,29 +148,30 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.44269504  # log2(e): exp(x) = exp2(x * log2(e))
     # Columns past head_dim load as zeros, so the padded dot products are exact.
-    q = desc_q.load([off_hz * SEQ + start_m * BLOCK_M, 0])
+    q = _load_rows(desc_q, off_hz // H, off_hz % H, start_m * BLOCK_M, off_hz * SEQ, STRIDED,
+                   BLOCK_M, BLOCK_D)
     if CAUSAL:
         # Aligned to the bottom right (a KV cache: the last query sees every key): query i sees
         # keys j <= i + shift. Tiles every query of the block sees need no mask; those past the
         # last query's diagonal are skipped.
         shift = SEQ_K - SEQ
         lo = (start_m * BLOCK_M + shift + 1) // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, 0, lo, offs_m,
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, 0, lo, offs_m,
                                     offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 0, UPCAST,
-                                    SCALE_POS)
+                                    SCALE_POS, STRIDED, BLOCK_D)
         hi = tl.minimum(start_m * BLOCK_M + BLOCK_M + shift, SEQ_K)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, lo, hi, offs_m,
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, lo, hi, offs_m,
                                     offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 1, UPCAST,
-                                    SCALE_POS)
+                                    SCALE_POS, STRIDED, BLOCK_D)
     else:
         # Whole tiles unmasked, then the partial last tile (if any) with keys past seq masked.
         n_full = SEQ_K - SEQ_K % BLOCK_N
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, 0, n_full,
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, 0, n_full,
                                     offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 0, UPCAST,
-                                    SCALE_POS)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, offset_kv, n_full, SEQ_K,
+                                    SCALE_POS, STRIDED, BLOCK_D)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, n_full, SEQ_K,
                                     offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 2, UPCAST,
-                                    SCALE_POS)
+                                    SCALE_POS, STRIDED, BLOCK_D)
     acc = acc / l_i[:, None]
     # A masked pointer store: rows past seq belong to the next head, columns past head_dim to
     # the next row (the epilogue is one tile per program, a small share of the traffic).
@@ -174,9 +190,10 @@ def _descriptor_pre_hook(nargs):
     """Host descriptors carry their block shape: set it from the config to be launched."""
     if isinstance(nargs["Q"], TensorDescriptor):
         block_d = nargs["BLOCK_D"]
-        nargs["Q"].block_shape = [nargs["BLOCK_M"], block_d]
-        nargs["K"].block_shape = [nargs["BLOCK_N"], block_d]
-        nargs["V"].block_shape = [nargs["BLOCK_N"], block_d]
+        lead = [1, 1] if len(nargs["Q"].shape) == 4 else []  # one (batch, head) a tile
+        nargs["Q"].block_shape = lead + [nargs["BLOCK_M"], block_d]
+        nargs["K"].block_shape = lead + [nargs["BLOCK_N"], block_d]
+        nargs["V"].block_shape = lead + [nargs["BLOCK_N"], block_d]
 
 
 # Candidates for an H100 (block_m, block_n, num_warps, num_stages), few so that a new key tunes
@@ -268,7 +285,14 @@ def _check_inputs(q, k, v, causal, sm_scale):
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_contiguous(name, t)
+        # Any strides with a unit last dim (e.g. views of one QKV projection), read in place
+        # through 4-D tensor descriptors, whose strides and base must be multiples of 16 bytes.
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(t.stride())}); "
+                             f"call .contiguous() first")
+        if not t.is_contiguous() and any(st * t.element_size() % 16 for st in t.stride()[:-1]):
+            raise ValueError(f"{name}'s strides {tuple(t.stride())} are not multiples of 16 "
+                             f"bytes, which tensor descriptors need; call .contiguous() first")
         # Fake tensors (torch.compile's tracing) have no address to check.
         if (type(t) is torch.Tensor or not is_fake(t)) and t.data_ptr() % 16:
             raise ValueError(f"{name}'s data is not 16-byte aligned (a sliced view?); call "
@@ -320,8 +344,15 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     tuned = not interpreting() and all(
         p is None for p in (block_m, block_n, num_warps, num_stages))
     host = _use_host_descriptors(q.device)
-    if host:
+    strided = not all(t.is_contiguous() for t in (q, k, v))
+    if strided and not host:
+        q, k, v = (t.contiguous() for t in (q, k, v))  # device-side descriptors: 2-D only
+        strided = False
+    if host and strided:
         # Block shapes are filled in just before each launch (_descriptor_pre_hook).
+        q_arg, k_arg, v_arg = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 1, 1])
+                               for t in (q, k, v))
+    elif host:
         q_arg, k_arg, v_arg = (TensorDescriptor(t, [t.shape[0] * t.shape[1] * t.shape[2],
                                                     head_dim], [head_dim, 1], [1, 1])
                                for t in (q, k, v))
@@ -336,7 +367,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
             seq_k, heads, group)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
-                  STORE_LSE=lse is not None)
+                  STORE_LSE=lse is not None, STRIDED=strided)
 
     def launch(cfg):
         bm, bn, warps, stages = cfg

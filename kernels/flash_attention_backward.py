@@ -137,12 +137,13 @@ def default_blocks(head_dim: int) -> dict:
 
 def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float):
     """(dq, dk, dv) of attention, from the forward's inputs, output and per-row log-sum-exp
-    (float32, (batch * heads, seq_q), base 2). q, out contiguous (batch, heads, seq_q, dim); k, v
-    contiguous (batch, kv_heads, seq_k, dim), one dtype; dout any layout of q's shape (made
-    contiguous). Causal is aligned to the bottom right, as in the forward."""
+    (float32, (batch * heads, seq_q), base 2). q, out (batch, heads, seq_q, dim); k, v (batch,
+    kv_heads, seq_k, dim), one dtype; out contiguous, the others any layout (made contiguous). Causal is aligned to the bottom right, as in the forward."""
     batch, heads, seq, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
-    dout = dout.contiguous()
+    # The kernels index contiguous (batch, heads, seq, dim) tensors: strided views (which the
+    # forward reads in place) are copied here.
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     dq, dk, dv = (empty(t.shape, t.dtype, t.device) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

@@ -19,42 +19,13 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 from ..kernels import layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
 from ..kernels import row_softmax as sm
 
-from .timing import graph_ms
+from .launch_cost import _noop1, _noop10, gpu_us, host_us
 
-N_CALLS = 400
-
-
-@triton.jit
-def _noop1(p, BLOCK: tl.constexpr):
-    pass
-
-
-@triton.jit
-def _noop10(p0, p1, p2, p3, p4, n0, n1, n2, n3, f0, BLOCK: tl.constexpr):
-    pass
-
-
-def host_us(fn, n: int = N_CALLS) -> float:
-    """Wall-clock microseconds per call of n back-to-back calls (GPU work far shorter)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
-def gpu_us(fn) -> float | None:
-    ms = graph_ms(fn, torch.device("cuda"))
-    return None if ms is None else ms * 1e3
+# The launch-cost tools (an empty kernel, per-call host and GPU time) are launch_cost's.
 
 
 def grad_fn(forward, x, w, b, dy):

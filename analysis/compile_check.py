@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import random
 import sys
 
 import torch
@@ -55,7 +54,7 @@ def record(device=torch.device("cpu")) -> list[dict]:
     """Every distinct launch of the smoke configurations, under the interpreter."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from .__main__ import FAMILIES
+    from .fingerprint import smoke_triton_calls
 
     seen, specs = set(), []
     original = InterpretedFunction.run
@@ -72,17 +71,11 @@ def record(device=torch.device("cpu")) -> list[dict]:
 
     InterpretedFunction.run = run
     try:
-        for family, problems in FAMILIES.items():
-            for i, problem in enumerate(problems("smoke")):
-                torch.manual_seed(i)
-                random.seed(i)
-                inputs = problem.make_inputs(device)
-                for v in problem.variants:
-                    if v.impl.startswith("triton"):
-                        try:
-                            v.fn(*inputs)
-                        except (ValueError, TypeError):
-                            pass  # a refusal launches nothing
+        for _, fn, inputs in smoke_triton_calls(device):
+            try:
+                fn(*inputs)
+            except (ValueError, TypeError):
+                pass  # a refusal launches nothing
         # What the sweeps' smoke grid does not run: the backward kernels, and LayerNorm's kernels
         # for rows past a register tile.
         from .. import kernels

@@ -51,32 +51,37 @@ def _digest(out) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def fingerprint(device: torch.device) -> dict:
+def smoke_triton_calls(device: torch.device):
+    """(key, fn, inputs) for every Triton implementation of every smoke configuration, with the
+    seeds set so that the inputs are the same from run to run."""
     from .__main__ import FAMILIES
 
-    result = {}
     for family, problems in FAMILIES.items():
         for i, problem in enumerate(problems("smoke")):
             torch.manual_seed(1000 + i)
             random.seed(1000 + i)  # scalar inputs
             inputs = problem.make_inputs(device)
             for v in problem.variants:
-                if not v.impl.startswith("triton"):
-                    continue
-                key = f"{family}/{problem.op}/{problem.dtype}/{problem.shape}/{v.impl}/" \
-                      f"{v.variant}/{v.block}/{v.num_warps}"
-                log: list = []
-                undo = _record_launches(log)
-                try:
-                    out = v.fn(*inputs)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    entry = dict(launches=log, out=_digest(out))
-                except Exception as exc:  # noqa: BLE001 - a refusal is behaviour too
-                    entry = dict(launches=log, error=f"{type(exc).__name__}: {exc}")
-                finally:
-                    undo()
-                result[key] = entry
+                if v.impl.startswith("triton"):
+                    yield (f"{family}/{problem.op}/{problem.dtype}/{problem.shape}/{v.impl}/"
+                           f"{v.variant}/{v.block}/{v.num_warps}", v.fn, inputs)
+
+
+def fingerprint(device: torch.device) -> dict:
+    result = {}
+    for key, fn, inputs in smoke_triton_calls(device):
+        log: list = []
+        undo = _record_launches(log)
+        try:
+            out = fn(*inputs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            entry = dict(launches=log, out=_digest(out))
+        except Exception as exc:  # noqa: BLE001 - a refusal is behaviour too
+            entry = dict(launches=log, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            undo()
+        result[key] = entry
     return result
 
 

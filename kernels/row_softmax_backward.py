@@ -1,23 +1,34 @@
-"""Softmax's backward, fused: dx = y * (dy - sum(y * dy)) per row, from the saved output y.
+"""Softmax's backward: dx = y * (dy - sum(y * dy)) per row, from the saved output y.
 
-Memory-bound: reads y and dy once and writes dx once (three tensors' bytes), where eager PyTorch's
-`_softmax_backward_data` does the same in one kernel and an unfused version would store y * dy
-and the row sums between steps. Rows of up to MAX_ONE_TILE elements are held in registers, ROWS
-rows a program; longer rows are read twice in LOOP_BLOCK tiles (a pass for the row's sum, a pass
-to write), the second read mostly from L2.
+Memory-bound. Fused (`triton_fused`, the kernel the registered op runs), y and dy are read once
+and dx written once (three tensors' bytes), as eager PyTorch's `_softmax_backward_data` does in
+one kernel. Rows of up to MAX_ONE_TILE elements are held in registers, ROWS rows a program
+("one_tile"); longer rows are read twice in LOOP_BLOCK tiles (a pass for the row's sum, a pass to
+write: "two_pass"), the second read mostly from L2.
+
+Unfused (`triton_unfused`, the apples-to-apples baseline): a row-sum kernel stores each row's
+sum(y * dy) in float32, then an elementwise kernel reads y, dy and the sums and writes dx: y and
+dy are read twice (five tensors' bytes against three).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, cdiv, check_same, empty, next_pow2
+from ._common import (as_rows, cdiv, check_pow2, check_same, check_warps, default_warps, empty,
+                      next_pow2)
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096
 # Elements a program holds (ROWS rows of a short row length).
 TILE = 4096
+# Tile of both unfused kernels (any row length).
+UNFUSED_BLOCK = 4096
+
+ONE_TILE, TWO_PASS = "one_tile", "two_pass"
 
 
 @triton.jit
@@ -65,27 +76,107 @@ def reference(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._softmax_backward_data(dy, y, -1, y.dtype)
 
 
-def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """dx of softmax over the last dim, given its output y and the incoming gradient dy (one shape
-    and dtype; last dims contiguous). Math in float32, dx in y's dtype."""
+class Plan(NamedTuple):
+    """How `softmax_backward` runs a row length: which kernel, its block (the padded row, or the
+    loop's tile), rows per program and warps."""
+
+    path: str
+    block: int
+    rows: int
+    num_warps: int
+
+
+def plan(n_cols: int) -> Plan:
+    if n_cols <= MAX_ONE_TILE:
+        block = max(16, next_pow2(n_cols))
+        rows = max(1, TILE // block)
+        return Plan(ONE_TILE, block, rows, max(1, min(16, rows * block // 256)))
+    return Plan(TWO_PASS, LOOP_BLOCK, 1, 16)
+
+
+def _check_pair(y: torch.Tensor, dy: torch.Tensor):
+    """y and dy as rows (None when empty), after checking they match; and the row count and length."""
     y_rows, n_rows, n_cols = as_rows("y", y)
     dy_rows, _, _ = as_rows("dy", dy)
     check_same([("y", y), ("dy", dy)])
     if dy.shape != y.shape:
         raise ValueError(f"dy must have y's shape {tuple(y.shape)}, got {tuple(dy.shape)}")
+    return y_rows, dy_rows, n_rows, n_cols
+
+
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx of softmax over the last dim, given its output y and the incoming gradient dy (one shape
+    and dtype; last dims contiguous). Math in float32, dx in y's dtype."""
+    y_rows, dy_rows, n_rows, n_cols = _check_pair(y, dy)
     dx = empty(y.shape, y.dtype, y.device)
     if y_rows is None:
         return dx
     dx_rows = dx.view(n_rows, n_cols)
     strides = (y_rows.stride(0), dy_rows.stride(0), dx_rows.stride(0))
-    if n_cols <= MAX_ONE_TILE:
-        block = max(16, next_pow2(n_cols))
-        rows = max(1, TILE // block)
-        warps = max(1, min(16, rows * block // 256))
-        _softmax_bwd_kernel[(cdiv(n_rows, rows),)](y_rows, dy_rows, dx_rows, n_rows, n_cols,
-                                                    *strides, ROWS=rows, BLOCK=block,
-                                                    num_warps=warps)
+    p = plan(n_cols)
+    if p.path == ONE_TILE:
+        _softmax_bwd_kernel[(cdiv(n_rows, p.rows),)](y_rows, dy_rows, dx_rows, n_rows, n_cols,
+                                                      *strides, ROWS=p.rows, BLOCK=p.block,
+                                                      num_warps=p.num_warps)
     else:
         _softmax_bwd_loop_kernel[(n_rows,)](y_rows, dy_rows, dx_rows, n_cols, *strides,
-                                            BLOCK=LOOP_BLOCK, num_warps=16)
+                                            BLOCK=p.block, num_warps=p.num_warps)
+    return dx
+
+
+triton_fused = softmax_backward
+
+
+# ------------------------------------------------------------------------------------------------
+# The unfused baseline: the row sums stored between two kernels.
+
+
+@triton.jit
+def _row_dot_kernel(y_ptr, dy_ptr, dot_ptr, n_cols, y_stride, dy_stride, BLOCK: tl.constexpr):
+    """dot[row] = sum(y * dy) over the row, in float32."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    # Lane-wise sums across tiles, one reduction at the end.
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        y = tl.load(y_ptr + row * y_stride + offs, mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + row * dy_stride + offs, mask=mask, other=0.0)
+        acc += y.to(tl.float32) * dy.to(tl.float32)
+    tl.store(dot_ptr + row, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _scale_by_residual_kernel(y_ptr, dy_ptr, dot_ptr, dx_ptr, n_cols, y_stride, dy_stride,
+                              dx_stride, BLOCK: tl.constexpr):
+    """dx = y * (dy - dot[row]), one tile of one row a program."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    dot = tl.load(dot_ptr + row)
+    y = tl.load(y_ptr + row * y_stride + offs, mask=mask).to(tl.float32)
+    dy = tl.load(dy_ptr + row * dy_stride + offs, mask=mask).to(tl.float32)
+    tl.store(dx_ptr + row * dx_stride + offs, (y * (dy - dot)).to(dx_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def triton_unfused(y: torch.Tensor, dy: torch.Tensor, *, block=None, num_warps=None) -> torch.Tensor:
+    """Two Triton kernels: the row sums of y * dy (stored, float32), then dx = y * (dy - sum).
+    block: the tile of both kernels (any row length)."""
+    y_rows, dy_rows, n_rows, n_cols = _check_pair(y, dy)
+    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
+    check_pow2("block", block)
+    num_warps = default_warps(block) if num_warps is None else num_warps
+    check_warps(num_warps)
+    dx = empty(y.shape, y.dtype, y.device)
+    if y_rows is None:
+        return dx
+    dx_rows = dx.view(n_rows, n_cols)
+    dot = empty((n_rows,), torch.float32, y.device)
+    _row_dot_kernel[(n_rows,)](y_rows, dy_rows, dot, n_cols, y_rows.stride(0), dy_rows.stride(0),
+                               BLOCK=block, num_warps=num_warps)
+    _scale_by_residual_kernel[(n_rows, cdiv(n_cols, block))](
+        y_rows, dy_rows, dot, dx_rows, n_cols, y_rows.stride(0), dy_rows.stride(0),
+        dx_rows.stride(0), BLOCK=block, num_warps=num_warps)
     return dx

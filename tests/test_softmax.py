@@ -257,3 +257,70 @@ def test_coop_beside_another_stream():
     done = subprocess.run([sys.executable, "-c", _BESIDE_A_LONG_KERNEL], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+# --- The backward: dx = y * (dy - sum(y * dy)), fused and unfused ---------------------------------
+
+from triton_fusion_report.kernels import row_softmax_backward as smb  # noqa: E402
+
+BWD_IMPLS = [smb.triton_fused, smb.triton_unfused]
+
+
+def bwd_inputs(shape, dtype, device):
+    y = torch.softmax(torch.randn(shape, device=device) * 3, -1).to(dtype)
+    return y, torch.randn(shape, device=device).to(dtype)
+
+
+def bwd_ref64(y, dy):
+    y, dy = y.double(), dy.double()
+    return y * (dy - (y * dy).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("impl", BWD_IMPLS, ids=["fused", "unfused"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 37, 1025])
+def test_backward_matches_float64(impl, dtype, n, device):
+    y, dy = bwd_inputs((5, n), dtype, device)
+    dx = impl(y, dy)
+    assert dx.shape == y.shape and dx.dtype == dtype
+    assert rel_err(dx, bwd_ref64(y, dy)) <= 4 * TOL[dtype]
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_backward_unfused_tiles(block, device):
+    """Tiles smaller than the row: the row-sum kernel loops, the elementwise grid has columns."""
+    y, dy = bwd_inputs((3, 300), torch.float16, device)
+    assert rel_err(smb.triton_unfused(y, dy, block=block), bwd_ref64(y, dy)) <= 4 * TOL[torch.float16]
+
+
+def test_backward_strided_and_empty(device):
+    base_y, base_dy = bwd_inputs((4, 64), torch.float32, device)
+    y, dy = base_y[:, 5:50], base_dy[:, 5:50]  # column slices, read in place
+    for impl in BWD_IMPLS:
+        dx = impl(y, dy)
+        assert dx.is_contiguous() and rel_err(dx, bwd_ref64(y, dy)) <= 4 * TOL[torch.float32]
+        empty = torch.empty(3, 0, device=device)
+        assert impl(empty, empty).shape == (3, 0)
+
+
+def test_backward_plan():
+    assert smb.plan(1000) == smb.Plan(smb.ONE_TILE, 1024, 4, 16)
+    assert smb.plan(smb.MAX_ONE_TILE).path == smb.ONE_TILE
+    assert smb.plan(smb.MAX_ONE_TILE + 1) == smb.Plan(smb.TWO_PASS, smb.LOOP_BLOCK, 1, 16)
+
+
+@pytest.mark.parametrize("impl", BWD_IMPLS, ids=["fused", "unfused"])
+def test_backward_bad_inputs_raise(impl, device):
+    y = torch.ones(2, 8, device=device)
+    with pytest.raises(ValueError, match="dy must have y's shape"):
+        impl(y, torch.ones(2, 9, device=device))
+    with pytest.raises(TypeError, match="dy has dtype float16 but y has float32"):
+        impl(y, y.half())
+
+
+@pytest.mark.parametrize("kw, words", [(dict(block=24), "power of two"),
+                                       (dict(num_warps=3), "num_warps must be a power of two")])
+def test_backward_unfused_bad_options_raise(kw, words, device):
+    y = torch.ones(2, 8, device=device)
+    with pytest.raises(ValueError, match=words):
+        smb.triton_unfused(y, y, **kw)

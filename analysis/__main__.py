@@ -1,8 +1,12 @@
-"""`python -m triton_fusion_report.analysis --out DIR [--grid full|smoke] [--family NAME ...]`: run the sweeps.
+"""`python -m triton_fusion_report.analysis --out DIR [--grid full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
 
 Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
 family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
 summary table at the end.
+
+--op keeps only the problems of the named ops (the `op` column: e.g. `softmax` is the softmax
+forward, `softmax_bwd` its backward, `layer_norm_fwd` / `layer_norm_bwd`), to measure new rows
+alone; `python -m triton_fusion_report.analysis.append_run` then adds them to a results folder.
 """
 from __future__ import annotations
 
@@ -26,6 +30,20 @@ FAMILIES = {
 }
 
 
+def select_ops(problems: list[sweep.Problem], ops: list[str] | None) -> list[sweep.Problem]:
+    """The problems whose op is one of `ops` (all of them when `ops` is None). An op that none of
+    the problems has is an error naming the ones there are (a typo would otherwise measure
+    nothing and say nothing)."""
+    if not ops:
+        return problems
+    known = list(dict.fromkeys(p.op for p in problems))
+    unknown = [op for op in ops if op not in known]
+    if unknown:
+        raise ValueError(f"--op {', '.join(unknown)}: no such op in the families chosen; "
+                         f"their ops are {', '.join(known)}")
+    return [p for p in problems if p.op in ops]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,10 +51,19 @@ def main(argv=None) -> int:
     ap.add_argument("--grid", default="full", choices=["full", "smoke"])
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
                     help="family to sweep (repeatable; default: all)")
+    ap.add_argument("--op", action="append", metavar="NAME",
+                    help="keep only the problems of this op (repeatable; default: all), e.g. "
+                         "softmax_bwd for the softmax backward alone")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+
+    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
+    try:
+        problems = select_ops(problems, args.op)
+    except ValueError as exc:
+        ap.error(str(exc))
 
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -62,7 +89,6 @@ def main(argv=None) -> int:
         if row["value"] is not None:
             print(f"  {row['metric']:<12} {row['precision']:<5} {row['value']:10.1f} {row['unit']}")
 
-    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
     paths = sweep.run(problems, args.out, device, meta, limit_rows,
                       progress=not args.no_progress)
     for family, path in paths.items():

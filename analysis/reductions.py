@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import layernorm as ln, layernorm_backward as lnb
-from ..kernels import row_softmax as sm
+from ..kernels import row_softmax as sm, row_softmax_backward as smb
 
 from . import traffic
 from .sweep import Compiled, Problem, Variant
@@ -93,13 +93,15 @@ def softmax_problems(grid: str = "full") -> list[Problem]:
                                     bytes_impl=impl_bytes("torch_compile")))
             out.append(Problem(
                 family="softmax", op="softmax", dtype=dtype, precision=_precision(dtype),
-                shape=dict(rows=rows, width=width),
+                shape=dict(rows=rows, width=width, direction="fwd"),
                 make_inputs=functools.partial(_softmax_inputs, rows, width, dtype),
                 reference=sm.reference,
                 bytes_model=traffic.total(traffic.softmax_kernels(rows, width, s, "triton_fused")),
                 flops_model=traffic.softmax_flops(rows, width),
                 tolerance=TOLERANCE[dtype], variants=variants))
-    return out
+    # After the forward problems, so that each forward problem keeps its index (the fingerprint
+    # seeds its inputs by it).
+    return out + softmax_backward_problems(grid)
 
 
 def _softmax_sweep_variants(rows, width, s, g):
@@ -121,6 +123,61 @@ def _softmax_sweep_variants(rows, width, s, g):
                                block=tile, num_warps=p.num_warps, sweep="block", variant=path,
                                bytes_impl=traffic.total(traffic.softmax_kernels(
                                    rows, width, s, "triton_fused", online=_reads_twice(p)))))
+    return out
+
+
+# --- softmax backward ------------------------------------------------------------------------------
+# op "softmax_bwd", direction "bwd": dx = y * (dy - sum(y * dy)) from the forward's output y, each
+# implementation called directly (no autograd engine), so every call is captured for ms_device.
+
+def _softmax_bwd_inputs(rows, width, dtype, device):
+    """y: a softmax output of the forward's inputs (rows summing to 1); dy: the incoming gradient."""
+    x = torch.randn(rows, width, device=device, dtype=torch.float32) * 4
+    y = torch.softmax(x, -1).to(dtype)
+    return y, torch.randn(rows, width, device=device, dtype=dtype)
+
+
+def _softmax_bwd_formula(y, dy):
+    """The backward as a formula for torch.compile: float32 math, dx in y's dtype (as PyTorch's
+    decomposition of _softmax_backward_data, and as our kernels, compute it)."""
+    y32, dy32 = y.float(), dy.float()
+    return (y32 * (dy32 - (y32 * dy32).sum(-1, keepdim=True))).to(y.dtype)
+
+
+def _softmax_bwd_reference(y, dy):
+    """float64 inputs in, float64 dx out."""
+    return y * (dy - (y * dy).sum(-1, keepdim=True))
+
+
+def softmax_backward_problems(grid: str = "full") -> list[Problem]:
+    """The forward's (rows, width, dtype) grid, backward: eager, compiled, unfused, fused."""
+    out = []
+    for dtype, shapes in GRIDS[grid]["softmax"].items():
+        s = _itemsize(dtype)
+        for rows, width in shapes:
+            p = smb.plan(width)
+
+            def impl_bytes(impl, rows=rows, width=width, s=s, p=p):
+                return traffic.total(traffic.softmax_backward_kernels(
+                    rows, width, s, impl, two_pass=p.path == smb.TWO_PASS))
+
+            variants = [
+                Variant("torch_eager", smb.reference, bytes_impl=impl_bytes("torch_eager")),
+                Variant("triton_unfused", smb.triton_unfused, bytes_impl=impl_bytes("triton_unfused")),
+                Variant("triton_fused", smb.triton_fused, block=p.block, num_warps=p.num_warps,
+                        variant=p.path, bytes_impl=impl_bytes("triton_fused")),
+                Variant("torch_compile", Compiled(_softmax_bwd_formula),
+                        bytes_impl=impl_bytes("torch_compile")),
+            ]
+            out.append(Problem(
+                family="softmax", op="softmax_bwd", dtype=dtype, precision=_precision(dtype),
+                shape=dict(rows=rows, width=width, direction="bwd"),
+                make_inputs=functools.partial(_softmax_bwd_inputs, rows, width, dtype),
+                reference=_softmax_bwd_reference,
+                bytes_model=traffic.total(traffic.softmax_backward_kernels(rows, width, s,
+                                                                           "triton_fused")),
+                flops_model=traffic.softmax_backward_flops(rows, width),
+                tolerance=TOLERANCE[dtype] * 4, variants=variants))
     return out
 
 

@@ -35,7 +35,7 @@ MEASURED = {
 # Shape columns of each family.
 FAMILY_SHAPES = {
     "elementwise": {"n": I, "z_kind": S},
-    "softmax": {"rows": I, "width": I},
+    "softmax": {"rows": I, "width": I, "direction": S},
     "layernorm": {"rows": I, "width": I, "direction": S},
     "softmax_matmul": {"batch": I, "d1": I, "d2": I, "d3": I},
     "attention": {"batch": I, "heads": I, "seq": I, "head_dim": I, "causal": pa.bool_()},
@@ -43,6 +43,9 @@ FAMILY_SHAPES = {
     "matmul_softmax": {"m": I, "k": I, "n": I},
     "linear_act": {"m": I, "k": I, "n": I, "activation": S},
 }
+# Shape columns added to a family after rows were committed without them, and the value those
+# rows had: the softmax family was forward only until its backward joined it.
+ADDED_SHAPE_DEFAULTS = {"softmax": {"direction": "fwd"}}
 # The limits name a matmul precision by its short label; rows name half precisions by their dtype.
 PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
@@ -88,6 +91,17 @@ class ParquetSink:
         tmp = self.path.with_suffix(".parquet.tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, self.path)
+
+
+def with_added_columns(df: pd.DataFrame, family: str) -> pd.DataFrame:
+    """df with the shape columns added since it was written (ADDED_SHAPE_DEFAULTS) filled in: the
+    value rows from before a column had. Rows that have the column keep their values."""
+    for column, value in ADDED_SHAPE_DEFAULTS.get(family, {}).items():
+        if column not in df:
+            df[column] = value
+        else:
+            df[column] = df[column].fillna(value)
+    return df
 
 
 def read(path: Path) -> pd.DataFrame:

@@ -80,6 +80,22 @@ def softmax_kernels(rows: int, width: int, itemsize: int, impl: str, online: boo
     return [Kernel("softmax", e, e)]
 
 
+def softmax_backward_kernels(rows: int, width: int, itemsize: int, impl: str,
+                             two_pass: bool = False) -> list[Kernel]:
+    """dx = y * (dy - sum(y * dy)) per row. Unfused Triton: a row-sum kernel (y, dy read; the sums
+    stored) and an elementwise kernel (y, dy read again with the sums; dx written). Fused: y and
+    dy read once, dx written once; the two-pass path (rows longer than one tile) reads y and dy a
+    second time to write dx (from L2 when they are still there)."""
+    e = rows * width * itemsize
+    if impl == "triton_unfused":
+        return [Kernel("row sums of y * dy", 2 * e, rows * STAT),
+                Kernel("dx = y * (dy - sum)", 2 * e + rows * STAT, e)]
+    if impl == "triton_fused" and two_pass:
+        return [Kernel("two passes: row sums, then dx", 4 * e, e)]
+    # torch_eager (_softmax_backward_data) and torch_compile are single kernels too.
+    return [Kernel("softmax backward", 2 * e, e)]
+
+
 def layer_norm_kernels(rows: int, width: int, itemsize: int, impl: str, direction: str = "fwd",
                        groups: int = 0) -> list[Kernel]:
     """LayerNorm with weight and bias of `width` elements. Forward unfused follows seed 001's five
@@ -105,6 +121,10 @@ def layer_norm_kernels(rows: int, width: int, itemsize: int, impl: str, directio
 
 def softmax_flops(rows: int, width: int) -> int:
     return 5 * rows * width  # max, subtract, exp, sum, divide
+
+
+def softmax_backward_flops(rows: int, width: int) -> int:
+    return 4 * rows * width  # multiply, sum, subtract, multiply
 
 
 def layer_norm_flops(rows: int, width: int, direction: str = "fwd") -> int:

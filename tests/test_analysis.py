@@ -120,3 +120,88 @@ def test_fingerprint_compare_lists_every_difference():
     b = dict(a, k1=dict(launches=[dict(kernel="x", grid=[2])], out="ab"), k3=dict(out="ef"))
     diffs = compare(a, b)
     assert len(diffs) == 2 and "only in one: k3" in diffs[0] and "differs: k1" in diffs[1]
+
+
+# --- The softmax backward's problems, the --op filter, appending a run to a folder -----------------
+
+def test_softmax_backward_traffic():
+    rows, width, s = 3, 1000, 2
+    e = rows * width * s
+    fused = traffic.softmax_backward_kernels(rows, width, s, "triton_fused")
+    assert traffic.total(fused) == 3 * e  # read y, dy; write dx
+    assert traffic.total(traffic.softmax_backward_kernels(rows, width, s, "torch_eager")) == 3 * e
+    unfused = traffic.softmax_backward_kernels(rows, width, s, "triton_unfused")
+    # y and dy read twice, the float32 row sums written once and read once.
+    assert [(k.read, k.written) for k in unfused] == [(2 * e, 4 * rows), (2 * e + 4 * rows, e)]
+    two_pass = traffic.softmax_backward_kernels(rows, width, s, "triton_fused", two_pass=True)
+    assert traffic.total(two_pass) == 5 * e
+    assert traffic.softmax_backward_flops(rows, width) == 4 * rows * width
+
+
+def test_softmax_backward_problems():
+    """The forward's grid, backward: op softmax_bwd, direction bwd, after every forward problem
+    (each forward problem keeps its index, which seeds the fingerprint's inputs)."""
+    from triton_fusion_report.analysis import reductions
+    from triton_fusion_report.kernels import row_softmax_backward as smb
+
+    problems = reductions.softmax_problems("smoke")
+    ops = [p.op for p in problems]
+    n_shapes = sum(len(v) for v in reductions.GRIDS["smoke"]["softmax"].values())
+    assert ops == ["softmax"] * n_shapes + ["softmax_bwd"] * n_shapes
+    assert {p.shape["direction"] for p in problems if p.op == "softmax"} == {"fwd"}
+    for p in problems[n_shapes:]:
+        rows, width, s = p.shape["rows"], p.shape["width"], p.dtype.itemsize
+        e = rows * width * s
+        assert p.shape["direction"] == "bwd" and p.bytes_model == 3 * e
+        by_impl = {v.impl: v for v in p.variants}
+        assert set(by_impl) == {"torch_eager", "torch_compile", "triton_unfused", "triton_fused"}
+        assert by_impl["triton_unfused"].bytes_impl == 5 * e + 2 * rows * 4  # + the row sums
+        fused = by_impl["triton_fused"]
+        assert fused.variant == smb.plan(width).path
+        assert fused.bytes_impl == (5 if width > smb.MAX_ONE_TILE else 3) * e
+
+
+@pytest.fixture
+def tiny_softmax_grid(monkeypatch):
+    """Two shapes: a one-tile row (float16) and a two-pass row (float32) of the fused backward."""
+    from triton_fusion_report.analysis import reductions
+
+    monkeypatch.setitem(reductions.GRIDS["smoke"], "softmax",
+                        {torch.float32: [(1, 16400)], torch.float16: [(3, 33)]})
+
+
+def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid):
+    """`--op softmax_bwd`: only the backward's rows, every implementation checked against float64
+    through the interpreter and ok."""
+    out = tmp_path / "run"
+    assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "softmax",
+                     "--op", "softmax_bwd", "--no-progress"]) == 0
+    table = pq.read_table(out / "softmax.parquet")
+    assert table.schema.names == schema.family_schema("softmax").names
+    df = table.to_pandas()
+    assert set(df["op"]) == {"softmax_bwd"} and set(df["direction"]) == {"bwd"}
+    assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["impl", "error"]]
+    assert len(df) == 2 * 4
+    fused = df[df["impl"] == "triton_fused"].set_index("width")["variant"]
+    assert fused.to_dict() == {16400: "two_pass", 33: "one_tile"}
+    assert (df["bytes_model"] == 3 * df["rows"] * df["width"] * df["dtype"].map(
+        {"float32": 4, "float16": 2})).all()
+
+
+def test_select_ops():
+    from triton_fusion_report.analysis import reductions
+
+    problems = reductions.softmax_problems("smoke") + reductions.layernorm_problems("smoke")
+    assert cli.select_ops(problems, None) == problems
+    kept = cli.select_ops(problems, ["softmax_bwd", "layer_norm_bwd"])
+    assert kept and {p.op for p in kept} == {"softmax_bwd", "layer_norm_bwd"}
+    with pytest.raises(ValueError, match="--op softmax_backward: no such op.*softmax_bwd"):
+        cli.select_ops(problems, ["softmax", "softmax_backward"])
+
+
+def test_op_filter_refuses_an_unknown_op_before_measuring(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--out", str(tmp_path / "run"), "--family", "softmax", "--op", "sofmax_bwd"])
+    assert exit_.value.code == 2
+    assert "--op sofmax_bwd: no such op" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing measured, nothing written

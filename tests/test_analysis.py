@@ -205,3 +205,52 @@ def test_op_filter_refuses_an_unknown_op_before_measuring(tmp_path, capsys):
     assert exit_.value.code == 2
     assert "--op sofmax_bwd: no such op" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing measured, nothing written
+
+
+def _fake_run(folder, run_id, rows):
+    """A results folder of one run: the given softmax rows and a copy-bandwidth limit."""
+    from triton_fusion_report.analysis.schema import ParquetSink, family_schema, limits_schema
+
+    folder.mkdir()
+    sink = ParquetSink(folder / "softmax.parquet", family_schema("softmax"))
+    for row in rows:
+        sink.append(dict(row, run_id=run_id, family="softmax", status="ok", sweep="size"))
+    ParquetSink(folder / "limits.parquet", limits_schema()).append(
+        dict(run_id=run_id, metric="copy_bw", precision="ieee", value=3000.0))
+
+
+def test_append_run(tmp_path):
+    """The backward's rows added to a folder whose softmax rows predate the direction column:
+    the old rows read as the forward's, nothing else of them changes, the limits follow."""
+    from triton_fusion_report.analysis.append_run import append_run
+
+    into = tmp_path / "into"
+    into.mkdir()
+    old = pd.DataFrame([dict(run_id="old", family="softmax", op="softmax", impl=i, dtype="float32",
+                             rows=4, width=8, status="ok", sweep="size", block=None, ms_median=1.0)
+                        for i in ("torch_eager", "triton_fused")])
+    old.to_parquet(into / "softmax.parquet")  # no direction column, not every column
+    pd.DataFrame([dict(run_id="old", metric="copy_bw", precision="ieee", value=2000.0)]).to_parquet(
+        into / "limits.parquet")
+    bwd = [dict(op="softmax_bwd", impl=i, dtype="float32", rows=4, width=8, direction="bwd",
+                block=16 if i == "triton_fused" else None, ms_median=2.0)
+           for i in ("torch_eager", "triton_fused")]
+    _fake_run(tmp_path / "run", "new", bwd)
+
+    assert append_run(tmp_path / "run", into) == {"softmax": 2, "limits": 1}
+    table = pq.read_table(into / "softmax.parquet")
+    assert table.schema.names == schema.family_schema("softmax").names
+    df = table.to_pandas()
+    assert df["direction"].tolist() == ["fwd", "fwd", "bwd", "bwd"]
+    assert df["op"].tolist() == ["softmax", "softmax", "softmax_bwd", "softmax_bwd"]
+    assert df["block"].isna().tolist() == [True, True, True, False]
+    assert pd.read_parquet(into / "limits.parquet")["run_id"].tolist() == ["old", "new"]
+
+    before = (into / "softmax.parquet").read_bytes()
+    with pytest.raises(ValueError, match="already holds rows of run"):
+        append_run(tmp_path / "run", into)
+    # A new run of a configuration already there (its block column without nulls: int, not float).
+    _fake_run(tmp_path / "again", "again", bwd[1:])
+    with pytest.raises(ValueError, match="1 rows .* repeat configurations"):
+        append_run(tmp_path / "again", into)
+    assert (into / "softmax.parquet").read_bytes() == before  # a refusal changes nothing

@@ -1,0 +1,141 @@
+"""`python -m triton_fusion_report.analysis.append_run RUN INTO`: add the rows of a run to a results
+folder (e.g. rows measured alone with `--op` to the committed reference).
+
+Every family file of RUN is appended to INTO's, both brought to the current schema (shape columns
+added since a file was written take the value its rows had: `schema.ADDED_SHAPE_DEFAULTS`), and
+RUN's limits to INTO's limits.parquet, so that the new rows find the copy bandwidth of their own
+run. Nothing is replaced: a run already in INTO, or a row that repeats a configuration INTO
+already holds, is refused (remove old rows deliberately, by hand, if they are to be replaced).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import schema
+
+# What identifies a measured configuration besides the family's shape columns.
+CONFIG_COLUMNS = ["op", "impl", "dtype", "precision", "sweep", "variant", "block", "num_warps"]
+
+
+def _read(path: Path, family: str) -> pd.DataFrame:
+    """A family's file with every column of the current schema: shape columns added since it was
+    written take their defaults (`schema.with_added_columns`), the others are null."""
+    return _with_all_columns(schema.with_added_columns(pd.read_parquet(path), family),
+                             schema.family_schema(family))
+
+
+def _with_all_columns(df: pd.DataFrame, arrow_schema: pa.Schema) -> pd.DataFrame:
+    for name in arrow_schema.names:
+        if name not in df:
+            df[name] = None
+    return df
+
+
+def _table(df: pd.DataFrame, arrow_schema: pa.Schema) -> pa.Table:
+    """df in the schema's columns, order and types (no pandas metadata, as the sweep's sink)."""
+    df = _with_all_columns(df.copy(), arrow_schema)
+    table = pa.Table.from_pandas(df[arrow_schema.names], schema=arrow_schema, preserve_index=False)
+    return table.replace_schema_metadata(None)
+
+
+def _concat(old: pd.DataFrame, new: pd.DataFrame, arrow_schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables([_table(old, arrow_schema), _table(new, arrow_schema)])
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    """Atomically (tmp + rename)."""
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def _key_text(value) -> str:
+    """A configuration value as text that two files agree on: a null (no block, no variant) is
+    "", and a whole number the same whether its column came back as int or as float (with nulls)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def repeated_configs(old: pd.DataFrame, new: pd.DataFrame, family: str) -> pd.DataFrame:
+    """The rows of `new` whose configuration (op, impl, dtype, shape, sweep, path, block, warps)
+    `old` already has."""
+    keys = CONFIG_COLUMNS + list(schema.FAMILY_SHAPES[family])
+
+    def as_keys(df):
+        return df[keys].apply(lambda column: column.map(_key_text))
+
+    hit = as_keys(new).merge(as_keys(old).drop_duplicates(), on=keys, how="left", indicator=True)
+    return new[(hit["_merge"] == "both").to_numpy()]
+
+
+def merged_family(run: Path, into: Path, family: str) -> pa.Table:
+    """INTO's rows of the family (none if it has no file) followed by RUN's; refused (ValueError)
+    where RUN's rows are already there."""
+    source, target = run / f"{family}.parquet", into / f"{family}.parquet"
+    new = _read(source, family)
+    old = _read(target, family) if target.exists() else new.iloc[:0]
+    if set(new["run_id"]) & set(old["run_id"]):
+        raise ValueError(f"{target} already holds rows of run {sorted(set(new['run_id']))}")
+    repeated = repeated_configs(old, new, family)
+    if len(repeated):
+        first = repeated.iloc[0]
+        raise ValueError(f"{len(repeated)} rows of {source} repeat configurations {target} "
+                         f"already has (e.g. {first['op']} {first['impl']} {first['dtype']}); "
+                         "remove the old rows first if they are to be replaced")
+    return _concat(old, new, schema.family_schema(family))
+
+
+def merged_limits(run: Path, into: Path) -> pa.Table:
+    """INTO's limits followed by those of RUN's runs that INTO does not have yet."""
+    new = pd.read_parquet(run / "limits.parquet")
+    target = into / "limits.parquet"
+    old = pd.read_parquet(target) if target.exists() else new.iloc[:0]
+    return _concat(old, new[~new["run_id"].isin(set(old["run_id"]))], schema.limits_schema())
+
+
+def append_run(run: Path, into: Path) -> dict[str, int]:
+    """Every family file of RUN, then its limits; the rows each file of INTO gained. Every family
+    is checked before any file is written, so a refusal leaves INTO as it was."""
+    run, into = Path(run), Path(into)
+    families = [f for f in schema.FAMILY_SHAPES if (run / f"{f}.parquet").exists()]
+    if not families or not (run / "limits.parquet").exists():
+        raise FileNotFoundError(f"{run} holds no family's rows and limits.parquet to append")
+    merged = {f: merged_family(run, into, f) for f in families}
+    merged["limits"] = merged_limits(run, into)
+    added = {}
+    for name, table in merged.items():
+        target = into / f"{name}.parquet"
+        before = pq.read_metadata(target).num_rows if target.exists() else 0
+        _write(table, target)
+        added[name] = table.num_rows - before
+    return added
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.append_run",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="the results folder of the run to add")
+    ap.add_argument("into", type=Path, help="the results folder to add it to")
+    args = ap.parse_args(argv)
+    try:
+        added = append_run(args.run, args.into)
+    except (ValueError, FileNotFoundError) as exc:
+        ap.error(str(exc))
+    for name, n in added.items():
+        print(f"{name}: {n} rows added to {args.into / name}.parquet")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

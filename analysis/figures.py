@@ -34,16 +34,16 @@ def no_data(text: str = NO_DATA) -> plt.Figure:
 
 
 def _or_no_data(plot):
-    """Draw the figure, or `no_data()` where the rows hold no finite value of y."""
+    """Draw the figure, or `no_data(no_data_text)` where the rows hold no finite value of y."""
     signature = inspect.signature(plot)
 
     @functools.wraps(plot)
-    def draw(df, *args, **kwargs):
+    def draw(df, *args, no_data_text: str = NO_DATA, **kwargs):
         y = signature.bind(df, *args, **kwargs)
         y.apply_defaults()
         y = y.arguments["y"]
         if df is None or len(df) == 0 or y not in df or not df[y].notna().any():
-            return no_data()
+            return no_data(no_data_text)
         return plot(df[df[y].notna()], *args, **kwargs)
     return draw
 

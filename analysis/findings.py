@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from . import report as R
-from . import traffic
+from . import synthesis, traffic
 
 # --- Elementwise ----------------------------------------------------------------------------------
 
@@ -118,6 +118,111 @@ def _fixed_cost_fit(one_pass, copy_bw: float) -> dict:
     ceiling = nb / (t0 + nb / (copy_bw * 1e9)) / 1e9
     return dict(t0_us=t0 * 1e6, rate_gbps=1 / slope / 1e9, narrow_width=int(narrow["width"]),
                 narrow_ceiling_gbps=ceiling)
+
+
+# The command that measures the softmax backward alone, and the one that adds it to a folder.
+SOFTMAX_BWD_COMMAND = ("python -m triton_fusion_report.analysis --family softmax --op softmax_bwd "
+                       "--out DIR")
+APPEND_COMMAND = "python -m triton_fusion_report.analysis.append_run DIR FOLDER"
+
+
+def softmax_backward_moves() -> dict[str, float]:
+    """Element moves per element of the (rows, width) tensor, by the traffic model: unfused,
+    fused, and the fused kernel's two-pass path for rows too long for its registers."""
+    rows, width = 10_000, 100_000  # large, so the per-row sums vanish
+
+    def moves(impl, two_pass=False):
+        kernels = traffic.softmax_backward_kernels(rows, width, 1, impl, two_pass)
+        return round(traffic.total(kernels) / (rows * width), 2)
+
+    return dict(unfused=moves("triton_unfused"), fused=moves("triton_fused"),
+                two_pass=moves("triton_fused", two_pass=True))
+
+
+def softmax_backward_findings(bwd, limits) -> dict:
+    """What the softmax backward section says about its rows (`bwd`: the family's rows with
+    direction "bwd", as `report.load` gives them): `measured`, a sentence on what was measured,
+    or that nothing was and how to measure it; and, where float32 rows were timed, the values it
+    quotes (device time; bandwidth of the model bytes against the copy bandwidth of their run)."""
+    timed = R.ok_rows(bwd)
+    timed = timed.assign(t=synthesis.device_time(timed)).dropna(subset=["t"])
+    how = (f"`{SOFTMAX_BWD_COMMAND}` measures them on a GPU, and `{APPEND_COMMAND}` adds them "
+           "to a results folder.")
+    if not len(bwd):
+        where = ("this results folder, nor in the committed reference" if bwd.attrs.get("from_reference")
+                 else "this reference")
+        return dict(measured=R.Markdown(
+            f"No softmax backward rows were measured in {where}: its softmax rows are the "
+            f"forward's alone, so the figure and the table below are empty. {how}"))
+    if not len(timed):
+        worst = bwd["max_rel_err"].max()
+        return dict(measured=R.Markdown(
+            f"The {len(bwd)} softmax backward rows here were not timed ({_untimed_reason(bwd)}); "
+            f"the worst error against float64 of those that ran is {R.md(worst, '.1e')}."))
+    copy_bw = R.limit(limits, "copy_bw", run_id=R.run_of(bwd))
+    f = _softmax_backward_values(timed, copy_bw)
+    f["measured"] = R.Markdown(_softmax_backward_sentence(f))
+    return f
+
+
+def softmax_backward_table(bwd, limits) -> pd.DataFrame:
+    """Every (dtype, rows, width) of the backward: its floor (model bytes at the copy bandwidth of
+    the run) as a percentage of each implementation's device time; empty without rows."""
+    if not len(bwd):
+        return pd.DataFrame()
+    shapes = bwd[["dtype", "rows", "width"]].drop_duplicates()
+    cases = {f"{d}, {r} × {w}": dict(dtype=d, rows=r, width=w)
+             for d, r, w in shapes.itertuples(index=False)}
+    return synthesis.distance_table(bwd, limits, cases, impls=R.IMPL_ORDER)
+
+
+def _untimed_reason(bwd) -> str:
+    if bwd.attrs.get("on_cpu"):
+        return "a run on the CPU, through Triton's interpreter"
+    counts = ", ".join(f"{n} {status}" for status, n in bwd["status"].value_counts().items())
+    return f"status: {counts}"
+
+
+def _softmax_backward_values(timed, copy_bw: float) -> dict:
+    """float32: the fused kernel's bandwidth per width, its best width, its speed over each
+    baseline there (their device time over its own), and at the widest row the same over unfused."""
+    fp32 = timed[timed["dtype"] == "float32"]
+    fused = fp32[fp32["impl"] == "triton_fused"]
+    gbps = dict(zip(fused["width"].astype(int), fused["bytes_model"] / fused["t"] / 1e6))
+    best = max(gbps, key=gbps.get)
+
+    def speedup(impl, width):
+        at = fp32[fp32["width"] == width].set_index("impl")["t"]
+        return float(at.get(impl, np.nan) / at["triton_fused"])
+
+    two_pass = fused[fused["variant"] == "two_pass"]["width"]
+    one_tile = fused[fused["variant"] == "one_tile"]["width"]
+    widest = int(fp32["width"].max())
+    return dict(
+        widths=(int(fp32["width"].min()), widest), gbps=gbps, best_width=best,
+        best_gbps=gbps[best], best_pct=100 * gbps[best] / copy_bw,
+        pct_range=(100 * min(gbps.values()) / copy_bw, 100 * max(gbps.values()) / copy_bw),
+        vs={impl: speedup(impl, best) for impl in ("triton_unfused", "torch_eager", "torch_compile")},
+        widest_one_tile=int(one_tile.max()) if len(one_tile) else None,
+        widest_vs_unfused=speedup("triton_unfused", widest) if len(two_pass) else None,
+        widest=widest,
+    )
+
+
+def _softmax_backward_sentence(f: dict) -> str:
+    vs = f["vs"]
+    text = (f"On the GPU alone (device time), the fused backward moves its model bytes at "
+            f"{R.md(f['pct_range'][0], '.0f')}% to {R.md(f['pct_range'][1], '.0f')}% of the copy "
+            f"bandwidth over the float32 widths {f['widths'][0]} to {f['widths'][1]}. At width "
+            f"{f['best_width']}, its best, that is {R.tbps(f['best_gbps'])}: "
+            f"{R.md(vs['triton_unfused'], '.2f')}× the speed of the unfused Triton version, "
+            f"{R.md(vs['torch_eager'], '.2f')}× eager's and {R.md(vs['torch_compile'], '.2f')}× "
+            f"torch.compile's (their time over the fused kernel's).")
+    if f["widest_vs_unfused"] is not None and f["widest_one_tile"] is not None:
+        text += (f" Past {f['widest_one_tile']} elements a row, where the fused kernel reads y and "
+                 f"dy twice as the unfused one does, it is {R.md(f['widest_vs_unfused'], '.2f')}× "
+                 f"the unfused version's speed at width {f['widest']}.")
+    return text
 
 
 def layernorm_findings(df) -> dict:

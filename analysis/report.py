@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import schema
+
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "results" / "reference" / "h100"
 IMPL_ORDER = ["torch_eager", "torch_compile", "triton_unfused", "triton_fused"]
@@ -52,13 +54,17 @@ def on_cpu(df: pd.DataFrame) -> bool:
     return len(df) > 0 and str(df["gpu"].iloc[0]).startswith("cpu")
 
 
-def load(results: Path, family: str) -> pd.DataFrame:
-    """A family's rows. Rows measured on the CPU keep their correctness check but lose their
-    timings (NaN): the chapters then say so instead of plotting the interpreter's speed."""
+def load(results: Path, family: str, **part) -> pd.DataFrame:
+    """A family's rows; with `part` (column values, e.g. direction="bwd"), only the rows that
+    match. Where the folder's file has no such rows (a run of other ops only), they come from the
+    committed reference, as a missing family does; where neither has any, the frame is empty.
+    Rows measured on the CPU keep their correctness check but lose their timings (NaN): the
+    chapters then say so instead of plotting the interpreter's speed."""
     path = data_file(results, f"{family}.parquet")
-    df = pd.read_parquet(path)
-    if "ms_device" not in df:
-        df["ms_device"] = float("nan")  # data from before device time was measured
+    df = _rows_of(path, family, part)
+    if not len(df) and part and path.resolve() != (REFERENCE / path.name).resolve():
+        path = REFERENCE / path.name
+        df = _rows_of(path, family, part)
     if on_cpu(df):
         for column in TIMING_COLUMNS:
             if column in df:
@@ -66,6 +72,17 @@ def load(results: Path, family: str) -> pd.DataFrame:
     df.attrs["from_reference"] = path.parent.resolve() != Path(results).resolve()
     df.attrs["on_cpu"] = on_cpu(df)
     return df
+
+
+def _rows_of(path: Path, family: str, part: dict) -> pd.DataFrame:
+    """The rows of a family's file that match `part`, with the columns added since it was written
+    (see `schema.with_added_columns`)."""
+    df = schema.with_added_columns(pd.read_parquet(path), family)
+    if "ms_device" not in df:
+        df["ms_device"] = float("nan")  # data from before device time was measured
+    for column, value in part.items():
+        df = df[df[column] == value]
+    return df.reset_index(drop=True)
 
 
 def load_csv(results: Path, name: str) -> pd.DataFrame:
@@ -82,7 +99,9 @@ def source_line(table: pd.DataFrame) -> str:
 
 def data_line(**frames: pd.DataFrame) -> "Markdown":
     """The chapter's provenance sentence: GPU and date of each family's run, and a warning for a
-    family whose data came from the committed reference (see `load`)."""
+    family whose data came from the committed reference (see `load`). An empty frame (a part no
+    run measured, see `load`) is left out: the chapter says so where it would show it."""
+    frames = {name: df for name, df in frames.items() if len(df)}
     parts, fallback = [], []
     for name, df in frames.items():
         parts.append(f"{name} measured on {df['gpu'].iloc[0]} on {str(df['started_at'].iloc[0])[:10]}"
@@ -127,7 +146,8 @@ def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee", run_id=Non
 
 
 def run_of(df: pd.DataFrame) -> str:
-    """The run a family's rows come from (one family is measured in one run)."""
+    """The run a family's rows come from (one family, or one part of it such as the softmax
+    backward, is measured in one run: pass the part's rows)."""
     return str(df["run_id"].iloc[0])
 
 

@@ -59,7 +59,7 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
     """Every size-sweep configuration of a family that the traffic model covers, as a Case."""
     keys = {
         "elementwise": ["dtype", "n", "z_kind"],
-        "softmax": ["dtype", "rows", "width"],
+        "softmax": ["dtype", "rows", "width", "direction"],
         "layernorm": ["dtype", "rows", "width", "direction"],
         "softmax_matmul": ["dtype", "precision", "batch", "d1", "d2", "d3"],
         "attention": ["dtype", "batch", "heads", "seq", "head_dim", "causal"],
@@ -77,6 +77,8 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
             label = f"{r.dtype}, n = {R.pow2(r.n)}, z {r.z_kind}"
             flops = traffic.add_mul_flops(r.n)
         elif family == "softmax":
+            if r.direction != "fwd":
+                continue  # the headline and the model's cases are the forward's
             u = traffic.softmax_kernels(r.rows, r.width, e, "triton_unfused")
             f = traffic.softmax_kernels(r.rows, r.width, e, "triton_fused")
             label = f"{r.dtype}, {r.rows} × {r.width}"
@@ -133,12 +135,13 @@ def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame)
     model predicts, and the one measured (device times)."""
     rows = []
     for family, df in frames.items():
-        run = R.run_of(df)
-        bw = R.limit(limits, "copy_bw", run_id=run)
         for case in cases_of(family, df):
             t = times_of(df, case.where)
             if "triton_fused" not in t or "triton_unfused" not in t:
                 continue
+            # The case's own run (a family's parts may come from two runs).
+            run = R.run_of(_select(df, case.where))
+            bw = R.limit(limits, "copy_bw", run_id=run)
             peak = peak_of(limits, case.where.get("precision", case.where["dtype"]), run) \
                 if any(k.flops for k in case.fused) else math.inf
             predicted = model_ms(case.unfused, bw, peak) / model_ms(case.fused, bw, peak)
@@ -237,13 +240,13 @@ def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd
         sel = sel.assign(t=device_time(sel)).dropna(subset=["t"])
         if family == "attention":
             sel = sel[~sel["causal"].astype(bool)]
-        run = R.run_of(df)
         for r in sel.itertuples(index=False):
+            # Each row against its own run's limits (a family's parts may come from two runs).
             rows.append(dict(family=FAMILY_LABEL[family], precision=r.precision,
                              intensity=r.flops_model / r.bytes_model,
                              tflops=r.flops_model / r.t / 1e9,
-                             copy_gbps=R.limit(limits, "copy_bw", run_id=run),
-                             peak=peak_of(limits, r.precision, run)))
+                             copy_gbps=R.limit(limits, "copy_bw", run_id=r.run_id),
+                             peak=peak_of(limits, r.precision, r.run_id)))
     return pd.DataFrame(rows)
 
 

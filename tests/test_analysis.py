@@ -254,3 +254,22 @@ def test_append_run(tmp_path):
     with pytest.raises(ValueError, match="1 rows .* repeat configurations"):
         append_run(tmp_path / "again", into)
     assert (into / "softmax.parquet").read_bytes() == before  # a refusal changes nothing
+
+
+def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
+    """Rows from before the direction column are the forward's; a part the folder lacks (the
+    backward) comes from the reference, or is empty where the reference lacks it too."""
+    import shutil
+
+    from triton_fusion_report.analysis import report as R
+
+    shutil.copy(R.REFERENCE / "limits.parquet", tmp_path / "limits.parquet")
+    shutil.copy(R.REFERENCE / "softmax.parquet", tmp_path / "softmax.parquet")
+    assert "direction" not in pq.read_schema(tmp_path / "softmax.parquet").names
+    fwd = R.load(tmp_path, "softmax", direction="fwd")
+    assert len(fwd) == pq.read_metadata(tmp_path / "softmax.parquet").num_rows
+    assert not fwd.attrs["from_reference"]
+    bwd = R.load(tmp_path, "softmax", direction="bwd")
+    reference_bwd = R.load(R.REFERENCE, "softmax", direction="bwd")
+    assert len(bwd) == len(reference_bwd) and bwd.attrs["from_reference"]
+    assert not reference_bwd.attrs["from_reference"]

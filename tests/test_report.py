@@ -60,11 +60,37 @@ def _folder_missing_families(tmp: Path) -> Path:
     return tmp
 
 
+def _folder_with_softmax_backward(tmp: Path) -> Path:
+    """The reference with timed softmax backward rows appended as a second run (made up from the
+    forward's rows: the reference has no backward yet), as `append_run` adds a GPU run's."""
+    import shutil
+
+    import pandas as pd
+
+    from triton_fusion_report.analysis.append_run import append_run
+
+    into, run = tmp / "with_backward", tmp / "backward_run"
+    shutil.copytree(R.REFERENCE, into)
+    run.mkdir()
+    fwd = pd.read_parquet(R.REFERENCE / "softmax.parquet")
+    bwd = fwd[fwd["sweep"] == "size"].assign(run_id="backward-run", op="softmax_bwd",
+                                             direction="bwd", bytes_model=fwd["bytes_model"] * 1.5)
+    fused = bwd["impl"] == "triton_fused"
+    bwd.loc[fused, "variant"] = ["one_tile" if w <= 16384 else "two_pass" for w in bwd.loc[fused, "width"]]
+    bwd.to_parquet(run / "softmax.parquet")
+    limits = pd.read_parquet(R.REFERENCE / "limits.parquet")
+    limits[limits["run_id"] == fwd["run_id"].iloc[0]].assign(run_id="backward-run").to_parquet(
+        run / "limits.parquet")
+    append_run(run, into)
+    return into
+
+
 DATASETS = {
     "reference": lambda tmp: R.REFERENCE,
     "smoke": lambda tmp: SMOKE,
     "families_missing": _folder_missing_families,
     "failed_rows": _folder_with_failed_rows,
+    "softmax_backward": _folder_with_softmax_backward,
 }
 
 
@@ -80,8 +106,14 @@ def test_smoke_fixture_matches_the_schema():
         assert names == family_schema(family).names, f"{family}: run `make smoke-data`"
 
 
-@pytest.mark.parametrize("dataset", DATASETS)
-@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+# The chapters that read the softmax family's rows: the others gain nothing from its backward.
+SOFTMAX_CHAPTERS = {"reductions", "synthesis"}
+CHAPTER_DATASETS = [(qmd, dataset) for dataset in DATASETS for qmd in CHAPTERS
+                    if dataset != "softmax_backward" or qmd.stem in SOFTMAX_CHAPTERS]
+
+
+@pytest.mark.parametrize("qmd, dataset", CHAPTER_DATASETS,
+                         ids=[f"{q.stem}-{d}" for q, d in CHAPTER_DATASETS])
 def test_chapter_cells_run(qmd, dataset, tmp_path, monkeypatch):
     folder = DATASETS[dataset](tmp_path)
     monkeypatch.chdir(qmd.parent)  # Quarto runs a chapter's cells from its own folder
@@ -119,7 +151,7 @@ def test_chapter_cells_run(qmd, dataset, tmp_path, monkeypatch):
             assert math.isfinite(value)
         # Quarto shows a value without a markdown form by its repr.
         assert "np." not in repr(value), f"{qmd.name}: `{expr}` shows as {value!r}"
-        if dataset == "reference":
+        if dataset in ("reference", "softmax_backward"):
             assert "—" not in shown, f"{qmd.name}: `{expr}` lacks data in the reference"
 
 
@@ -183,3 +215,80 @@ def test_md_table_escapes_markdown():
 
     text = R.md_table(pd.DataFrame({"op": ["softmax(X)@V", "a|b"], "x": [1.0, float("nan")]}))
     assert "softmax(X)\\@V" in text and "a\\|b" in text and "| —" in text
+
+
+def _chapter_namespace(qmd: Path, folder: Path, monkeypatch) -> dict:
+    """Run a chapter's cells against `folder`; its namespace."""
+    monkeypatch.chdir(qmd.parent)
+    monkeypatch.setenv("FUSION_RESULTS", str(folder))
+    namespace = {"__name__": "__main__"}
+    for cell in cells(qmd.read_text()):
+        run_cell(cell.code, namespace)
+        plt.close("all")
+    return namespace
+
+
+def test_softmax_backward_findings_without_backward_rows(tmp_path):
+    """The reference has no backward rows: the section says so, from the data; a folder without
+    them says that neither it nor the reference has any."""
+    import shutil
+
+    from triton_fusion_report.analysis import findings as F
+
+    limits = R.load_limits(R.REFERENCE)
+    smb = R.load(R.REFERENCE, "softmax", direction="bwd")
+    assert len(smb) == 0 and len(R.load(R.REFERENCE, "softmax", direction="fwd")) > 0
+    said = str(F.softmax_backward_findings(smb, limits)["measured"])
+    assert said.startswith("No softmax backward rows were measured in this reference:")
+    assert "--op softmax_bwd" in said
+    assert "none in this results folder" in R.md_table(F.softmax_backward_table(smb, limits))
+    for name in ("limits.parquet", "softmax.parquet"):
+        shutil.copy(R.REFERENCE / name, tmp_path / name)
+    said = F.softmax_backward_findings(R.load(tmp_path, "softmax", direction="bwd"), limits)
+    assert "in this results folder, nor in the committed reference" in said["measured"]
+
+
+def test_softmax_backward_findings_on_cpu_rows():
+    """The smoke run's backward rows were checked, not timed: the section says so."""
+    from triton_fusion_report.analysis import findings as F
+
+    smb = R.load(SMOKE, "softmax", direction="bwd")
+    assert len(smb) and (smb["status"] == "ok").all()
+    said = str(F.softmax_backward_findings(smb, R.load_limits(SMOKE))["measured"])
+    assert said.startswith(f"The {len(smb)} softmax backward rows here were not timed (a run on the CPU")
+
+
+def test_softmax_backward_section_with_backward_rows(tmp_path, monkeypatch):
+    """With backward rows of a second run: the forward's values stay the forward's, the section
+    quotes the backward's, against the copy bandwidth of the backward's run."""
+    from triton_fusion_report.analysis import findings as F
+
+    ns = _chapter_namespace(ROOT / "report" / "reductions.qmd",
+                            _folder_with_softmax_backward(tmp_path), monkeypatch)
+    assert set(ns["sm"]["direction"]) == {"fwd"} and set(ns["smb"]["direction"]) == {"bwd"}
+    reference_fwd = R.load(R.REFERENCE, "softmax", direction="fwd")
+    assert ns["fs"]["best"] == F.softmax_findings(reference_fwd, ns["copy_bw"])["best"]
+    fb = ns["fb"]
+    assert str(fb["measured"]).startswith("On the GPU alone (device time)")
+    assert fb["widest_one_tile"] == 16384 and fb["widest_vs_unfused"] > 0
+    # The made-up rows move 1.5 times the forward's model bytes in the forward's time.
+    fwd_fused = ns["sm32"][ns["sm32"]["impl"] == "triton_fused"].set_index("width")["device_tbps"]
+    assert fb["gbps"][1024] == pytest.approx(1.5 * fwd_fused[1024] * 1000)
+    table = F.softmax_backward_table(ns["smb"], ns["limits"])
+    assert len(table) == ns["smb"][["dtype", "width"]].drop_duplicates().shape[0]
+    assert table["Triton fused %"].notna().all()
+
+
+def test_synthesis_keeps_the_softmax_forward(tmp_path):
+    """The synthesis chapter's softmax (headline, model against measurement) is the forward's,
+    whether or not backward rows share its file."""
+    from triton_fusion_report.analysis import synthesis as S
+
+    def tables(folder):
+        frames = {"softmax": R.load(folder, "softmax")}
+        limits = R.load_limits(folder)
+        return S.headline_table(frames, limits), S.predicted_vs_measured(frames, limits)
+
+    (head, pvm), (head_b, pvm_b) = tables(R.REFERENCE), tables(_folder_with_softmax_backward(tmp_path))
+    assert len(head) == 1 and len(pvm) > 0
+    assert head.equals(head_b) and pvm.equals(pvm_b)

@@ -167,13 +167,14 @@ def softmax_backward_findings(bwd, limits) -> dict:
 
 def softmax_backward_table(bwd, limits) -> pd.DataFrame:
     """Every (dtype, rows, width) of the backward: its floor (model bytes at the copy bandwidth of
-    the run) as a percentage of each implementation's device time; empty without rows."""
+    the run) as a percentage of each implementation's device time; empty without rows. (Without
+    the distance table's "bound by": a few FLOPs a byte, always memory.)"""
     if not len(bwd):
         return pd.DataFrame()
     shapes = bwd[["dtype", "rows", "width"]].drop_duplicates()
-    cases = {f"{d}, {r} × {w}": dict(dtype=d, rows=r, width=w)
+    cases = {f"{d} {r} × {w}": dict(dtype=d, rows=r, width=w)
              for d, r, w in shapes.itertuples(index=False)}
-    return synthesis.distance_table(bwd, limits, cases, impls=R.IMPL_ORDER)
+    return synthesis.distance_table(bwd, limits, cases, impls=R.IMPL_ORDER).drop(columns="bound by")
 
 
 def _untimed_reason(bwd) -> str:

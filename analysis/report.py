@@ -52,11 +52,24 @@ def on_cpu(df: pd.DataFrame) -> bool:
     return len(df) > 0 and str(df["gpu"].iloc[0]).startswith("cpu")
 
 
-def load(results: Path, family: str) -> pd.DataFrame:
-    """A family's rows. Rows measured on the CPU keep their correctness check but lose their
-    timings (NaN): the chapters then say so instead of plotting the interpreter's speed."""
+# Families whose file holds several ops: what `load` gives unless another op is asked for.
+PRIMARY_OP = {"attention": "attention_fwd"}
+
+
+def load(results: Path, family: str, op: str | None = None) -> pd.DataFrame:
+    """A family's rows: those of `op`, by default the family's main op (PRIMARY_OP: attention's
+    file also holds forward+backward and decoding rows). Rows measured on the CPU keep their
+    correctness check but lose their timings (NaN): the chapters then say so instead of plotting
+    the interpreter's speed."""
     path = data_file(results, f"{family}.parquet")
     df = pd.read_parquet(path)
+    op = op or PRIMARY_OP.get(family)
+    if op is not None:
+        df = df[df["op"] == op].reset_index(drop=True)
+    if family == "attention":
+        # Rows from before grouped heads and KV caches: as many k/v heads and keys as queries.
+        for col, same in (("kv_heads", "heads"), ("seq_k", "seq")):
+            df[col] = df[col].fillna(df[same]) if col in df else df[same]
     if "ms_device" not in df:
         df["ms_device"] = float("nan")  # data from before device time was measured
     if on_cpu(df):

@@ -122,6 +122,7 @@ def _gpu_block_variants(specs: list[dict]) -> list[dict]:
         for head_dim in (64, 128, 256):
             with mock.patch.object(fab, "interpreting", lambda: False):
                 blocks = fab.default_blocks(head_dim)
+            blocks = blocks["dkdv" if spec["kernel"] == "_attn_bwd_dkdv" else "dq"]
             kwargs = dict(spec["kwargs"], HEAD_DIM=["int", head_dim], BLOCK_D=["int", head_dim],
                           BLOCK_M=["int", blocks["block_m"]], BLOCK_N=["int", blocks["block_n"]],
                           num_warps=["int", blocks["num_warps"]],

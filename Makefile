@@ -60,7 +60,8 @@ bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into 
 	@# The full bench includes seed 002's own protocol (the attention chapter shows its CSV).
 	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m triton_fusion_report.analysis.seed002 --out $(BENCH_OUT) && \
 	  $(RUN_PY) -m triton_fusion_report.analysis.host_overhead --out $(BENCH_OUT)/host_overhead.csv && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.launch_cost --out $(BENCH_OUT)/launch_cost.csv; fi
+	  $(RUN_PY) -m triton_fusion_report.analysis.launch_cost --out $(BENCH_OUT)/launch_cost.csv && \
+	  $(RUN_PY) -m triton_fusion_report.analysis.model_check --out $(BENCH_OUT); fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)

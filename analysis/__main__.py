@@ -24,7 +24,7 @@ FAMILIES = {
     "softmax": reductions.softmax_problems,
     "layernorm": reductions.layernorm_problems,
     "softmax_matmul": attention.softmax_matmul_problems,
-    "attention": attention.attention_problems,
+    "attention": attention.all_attention_problems,
     "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
     "linear_act": matmul_epilogue.linear_act_problems,
 }

@@ -144,7 +144,8 @@ def attention_problems(grid: str = "full") -> list[Problem]:
                 out.append(Problem(
                     family="attention", op="attention_fwd", dtype=dtype,
                     precision=str(dtype).replace("torch.", ""),
-                    shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal),
+                    shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal,
+                               kv_heads=heads, seq_k=seq),
                     make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim), dtype),
                     reference=functools.partial(reference64, causal=causal),
                     bytes_model=nbytes("triton_fused"),
@@ -153,4 +154,203 @@ def attention_problems(grid: str = "full") -> list[Problem]:
     return out
 
 
+# --- attention forward + backward ------------------------------------------------------------
+
+BWD_GRIDS = {
+    "full": dict(seqs=[1024, 4096, 16384], head_dims=[64, 128], dtype=torch.float16),
+    "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, tokens=74, model_dim=32),
+}
+
+
+def reference64_grads(q, k, v, dout, causal: bool):
+    """float64 dq, dk, dv of attention (softmax(q k^T * scale) v), a block of queries at a time:
+    the memory of a few score blocks, whatever the sequence length."""
+    scale = q.shape[-1] ** -0.5
+    b, h, n, _ = q.shape
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    step = max(1, 2**27 // (b * h * n))
+    keys = torch.arange(n, device=q.device)
+    for i in range(0, n, step):
+        rows = slice(i, min(i + step, n))
+        s = (q[:, :, rows] @ k.transpose(-2, -1)) * scale
+        if causal:
+            r = torch.arange(rows.start, rows.stop, device=q.device)
+            s = s.masked_fill(keys[None, :] > r[:, None], float("-inf"))
+        p = torch.softmax(s, -1)
+        del s
+        do = dout[:, :, rows]
+        dv += p.transpose(-2, -1) @ do
+        dp = do @ v.transpose(-2, -1)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True)) * scale
+        del p, dp
+        dq[:, :, rows] = ds @ k
+        dk += ds.transpose(-2, -1) @ q[:, :, rows]
+    return dq, dk, dv
+
+
+def _fwd_bwd(forward):
+    """(q, k, v, dout) -> (dq, dk, dv): the forward and its backward, as a training step runs
+    them."""
+    def call(q, k, v, dout):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        return torch.autograd.grad(forward(*leaves), leaves, dout)
+    return call
+
+
+def attention_fwd_bwd_problems(grid: str = "full") -> list[Problem]:
+    """Forward + backward (a training step's attention) against SDPA's backends; TFLOP/s count
+    the forward's 2 and the backward's 5 matmuls (3.5x the forward)."""
+    g = BWD_GRIDS[grid]
+    tokens, model_dim = g.get("tokens", TOKENS), g.get("model_dim", MODEL_DIM)
+    dtype = g["dtype"]
+    s = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for head_dim in g["head_dims"]:
+        for seq in g["seqs"]:
+            batch, heads = max(1, tokens // seq), model_dim // head_dim
+            nbytes = traffic.total(traffic.attention_fwd_bwd_kernels(batch, heads, seq, head_dim,
+                                                                     s))
+            for causal in (False, True):
+                ours = _fwd_bwd(functools.partial(attn_op, causal=causal))
+                variants = [Variant(name, _fwd_bwd(_sdpa(backend, causal)), bytes_impl=nbytes)
+                            for name, backend in SDPA_BACKENDS.items()]
+                variants.append(Variant("triton_fused", ours, variant="fa2 backward",
+                                        bytes_impl=nbytes))
+                out.append(Problem(
+                    family="attention", op="attention_fwd_bwd", dtype=dtype,
+                    precision=str(dtype).replace("torch.", ""),
+                    shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim,
+                               causal=causal, kv_heads=heads, seq_k=seq),
+                    make_inputs=functools.partial(_attn_inputs_grad,
+                                                  (batch, heads, seq, head_dim), dtype),
+                    reference=functools.partial(reference64_grads, causal=causal),
+                    bytes_model=nbytes,
+                    flops_model=traffic.attention_fwd_bwd_flops(batch, heads, seq, head_dim,
+                                                                causal),
+                    # The backward rounds p and ds to the input dtype (as FlashAttention does).
+                    tolerance=2 * TOLERANCE[str(dtype).replace("torch.", "")],
+                    variants=variants, graph=False))
+    return out
+
+
+def attn_op(q, k, v, causal):
+    from ..kernels import attention
+
+    return attention(q, k, v, causal)
+
+
+def _attn_inputs_grad(shape, dtype, device):
+    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(4))
+
+
+# --- decoding: one query per head against a KV cache ----------------------------------------
+
+DECODE_GRIDS = {
+    # (batch, heads, kv_heads): batch 1 and 8, every head its own k/v or 4 query heads per k/v
+    "full": dict(heads=[(1, 32, 32), (8, 32, 32), (1, 32, 8), (8, 32, 8)],
+                 seq_k=[4096, 8192, 16384, 32768], head_dim=128, dtype=torch.float16),
+    "smoke": dict(heads=[(1, 4, 2)], seq_k=[300], head_dim=32, dtype=torch.float16),
+}
+
+
+def _decode_inputs(batch, heads, kv_heads, seq_k, head_dim, dtype, device):
+    q = torch.randn(batch, heads, 1, head_dim, device=device, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, seq_k, head_dim, device=device, dtype=dtype)
+            for _ in range(2))
+    return q, k, v
+
+
+def _sdpa_gqa(backend: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = getattr(SDPBackend, backend)
+
+    def call(q, k, v):
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
+    return call
+
+
+def attention_decode_problems(grid: str = "full") -> list[Problem]:
+    """Sq = 1 against seq_k keys: memory-bound (K and V read once), so GB/s against the copy
+    bandwidth is the measure; SDPA's backends as the bar (the efficient one takes no grouped
+    heads)."""
+    g = DECODE_GRIDS[grid]
+    dtype, head_dim = g["dtype"], g["head_dim"]
+    s = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for batch, heads, kv_heads in g["heads"]:
+        for seq_k in g["seq_k"]:
+            kernels_ = traffic.attention_decode_kernels(batch, heads, kv_heads, seq_k, head_dim, s)
+            nbytes = traffic.total(kernels_)
+            backends = {n: b for n, b in SDPA_BACKENDS.items()
+                        if kv_heads == heads or n != "sdpa_efficient"}
+            variants = [Variant(n, _sdpa_gqa(b), bytes_impl=nbytes) for n, b in backends.items()]
+            variants.append(Variant("triton_fused", attn.triton_fused, variant="split keys",
+                                    bytes_impl=nbytes))
+            out.append(Problem(
+                family="attention", op="attention_decode", dtype=dtype,
+                precision=str(dtype).replace("torch.", ""),
+                shape=dict(batch=batch, heads=heads, seq=1, head_dim=head_dim, causal=False,
+                           kv_heads=kv_heads, seq_k=seq_k),
+                make_inputs=functools.partial(_decode_inputs, batch, heads, kv_heads, seq_k,
+                                              head_dim, dtype),
+                reference=attn.reference, bytes_model=nbytes,
+                flops_model=sum(k.flops for k in kernels_),
+                tolerance=TOLERANCE[str(dtype).replace("torch.", "")], variants=variants))
+    return out
+
+
+def all_attention_problems(grid: str = "full") -> list[Problem]:
+    """The attention family: forward, forward + backward, decoding."""
+    return (attention_problems(grid) + attention_fwd_bwd_problems(grid)
+            + attention_decode_problems(grid))
+
+
 # --- What the chapter concludes from the data --------------------------------------------------------
+
+
+def fwd_bwd_findings(rows) -> dict:
+    """TFLOP/s of forward + backward per (head_dim, seq, causal) and impl (ok rows, size sweep),
+    and the fused kernel's ratio to the fastest SDPA backend."""
+    ok = rows[(rows["status"] == "ok") & rows["tflops"].notna()]
+    table = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="tflops")
+    sdpa = [c for c in table.columns if c.startswith("sdpa_")]
+    out = dict(table=table)
+    if "triton_fused" in table and sdpa:
+        best = table[sdpa].max(axis=1)
+        out["vs_best_sdpa"] = table["triton_fused"] / best
+        out["best_sdpa"] = table[sdpa].idxmax(axis=1)
+    return out
+
+
+def decode_table(rows, time: str = "ms_device"):
+    """Decoding: achieved GB/s (model bytes over `time`) per (batch, heads, kv heads, seq_k) and
+    impl, and the fused kernel's time against the fastest SDPA backend's (x >= 1: faster)."""
+    import pandas as pd
+
+    ok = rows[(rows["status"] == "ok") & rows[time].notna()]
+    if len(ok) == 0:
+        return pd.DataFrame()
+    ok = ok.assign(gbps_t=ok["bytes_model"] / ok[time] / 1e6)
+    keys = ["batch", "heads", "kv_heads", "seq_k"]
+    gb = ok.pivot_table(index=keys, columns="impl", values="gbps_t")
+    ms = ok.pivot_table(index=keys, columns="impl", values=time)
+    sdpa = [c for c in ms.columns if c.startswith("sdpa_")]
+    if "triton_fused" in ms and sdpa:
+        gb["ours / fastest SDPA"] = ms[sdpa].min(axis=1) / ms["triton_fused"]
+    return gb
+
+
+def read_model_check(folder):
+    """model_check.csv and model_train.csv of a results folder (None where absent)."""
+    import pandas as pd
+    from pathlib import Path
+
+    from .report import data_file
+
+    out = {}
+    for name in ("model_check", "model_train"):
+        path = data_file(Path(folder), f"{name}.csv")
+        out[name] = pd.read_csv(path) if path.exists() else None
+    return out

@@ -79,11 +79,13 @@ def cases(dev):
                                          fused=lambda: fused_la(xl, wl, bl))
 
 
-def measure(dev) -> dict:
+def measure(dev, only=None) -> dict:
     from triton.testing import do_bench
 
     out = {}
     for name, impls in cases(dev):
+        if only and not any(o in name for o in only):
+            continue
         for impl, fn in impls.items():
             out[f"{name} / {impl}"] = float(do_bench(fn, warmup=100, rep=400, return_mode="median"))
             print(f"{name:40s} {impl:8s} {out[f'{name} / {impl}']:8.4f} ms", flush=True)
@@ -96,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs="+", metavar="JSON",
                     help="BEFORE AFTER [BEFORE AFTER ...]: medians over the repeats")
+    ap.add_argument("--only", action="append", metavar="TEXT",
+                    help="time only the cases whose name contains TEXT (repeatable)")
     args = ap.parse_args(argv)
     if args.compare:
         runs = [json.load(open(p)) for p in args.compare]
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
         return 0
     dev = torch.device("cuda")
     with open(args.out, "w") as f:
-        json.dump(measure(dev), f, indent=1)
+        json.dump(measure(dev, args.only), f, indent=1)
     return 0
 
 

@@ -94,6 +94,15 @@ def record(device=torch.device("cpu")) -> list[dict]:
             kernels.attention(*(qkv[:, :, i].transpose(1, 2) for i in range(3)), causal)
             kv = torch.randn(1, 1, 50, 64, dtype=torch.float16)
             kernels.attention(q.detach(), kv, kv, causal)
+            # Decoding's split-key kernels at the GPU's blocks (one split stores directly).
+            from ..kernels import flash_decoding
+
+            for head_dim, block_n in ((64, 64), (128, 64), (256, 32)):
+                q1 = torch.randn(1, 4, 1, head_dim, dtype=torch.float16)
+                kv1 = torch.randn(1, 1, 130, head_dim, dtype=torch.float16)
+                for splits in (1, 2):
+                    flash_decoding.attention(q1, kv1, kv1, causal, 0.1, num_splits=splits,
+                                             block_n=block_n, num_stages=3)
     finally:
         InterpretedFunction.run = original
     return specs + _gpu_block_variants(specs)
@@ -113,6 +122,7 @@ def _gpu_block_variants(specs: list[dict]) -> list[dict]:
         for head_dim in (64, 128, 256):
             with mock.patch.object(fab, "interpreting", lambda: False):
                 blocks = fab.default_blocks(head_dim)
+            blocks = blocks["dkdv" if spec["kernel"] == "_attn_bwd_dkdv" else "dq"]
             kwargs = dict(spec["kwargs"], HEAD_DIM=["int", head_dim], BLOCK_D=["int", head_dim],
                           BLOCK_M=["int", blocks["block_m"]], BLOCK_N=["int", blocks["block_n"]],
                           num_warps=["int", blocks["num_warps"]],

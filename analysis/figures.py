@@ -143,3 +143,32 @@ def sweep_lines(df: pd.DataFrame, x: str, y: str, panels: str, lines: str, *, xl
     axes[0][0].set_ylabel(ylabel)
     fig.tight_layout()
     return fig
+
+
+def attention_tflops(rows: pd.DataFrame, peak: float, y: str = "tflops") -> plt.Figure:
+    """TFLOP/s against the sequence length: a row of panels per head_dim, non-causal and causal
+    side by side, one line per implementation, the matmul peak dotted."""
+    rows = rows[rows[y].notna()] if len(rows) else rows
+    if len(rows) == 0:
+        return no_data()
+    dims = sorted(rows["head_dim"].unique())
+    fig, axes = plt.subplots(len(dims), 2, figsize=(10.5, 3.5 * len(dims)), sharex=True,
+                             squeeze=False)
+    for i, hd in enumerate(dims):
+        for j, causal in enumerate([False, True]):
+            ax = axes[i][j]
+            sub = rows[(rows["head_dim"] == hd) & (rows["causal"] == causal)]
+            for impl in _impls(sub):
+                g = sub[sub["impl"] == impl].sort_values("seq")
+                ax.plot(g["seq"], g[y], ms=3, label=IMPL_LABEL.get(impl, impl),
+                        **STYLE.get(impl, {}))
+            ax.axhline(peak, color="black", lw=1, ls=":", label="fp16 matmul peak")
+            _log2_axis(ax)
+            ax.set_title(f"head_dim {hd}, {'causal' if causal else 'non-causal'}")
+            ax.grid(True, alpha=0.3)
+        axes[i][0].set_ylabel("TFLOP/s")
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length")
+    axes[0][1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -140,10 +140,10 @@ def softmax_backward_moves() -> dict[str, float]:
 
 
 def softmax_backward_findings(bwd, limits) -> dict:
-    """What the softmax backward section says about its rows (`bwd`: the family's rows with
-    direction "bwd", as `report.load` gives them): `measured`, a sentence on what was measured,
-    or that nothing was and how to measure it; and, where float32 rows were timed, the values it
-    quotes (device time; bandwidth of the model bytes against the copy bandwidth of their run)."""
+    """What the softmax backward section says about its rows (`bwd`: the rows of op softmax_bwd,
+    as `report.load(folder, "softmax", op="softmax_bwd")` gives them): `measured`, a sentence on
+    what was measured, or that nothing was and how to measure it; and, where float32 rows were
+    timed, the values it quotes (device time; bandwidth of the model bytes against the copy bandwidth of their run)."""
     timed = R.ok_rows(bwd)
     timed = timed.assign(t=synthesis.device_time(timed)).dropna(subset=["t"])
     how = (f"`{SOFTMAX_BWD_COMMAND}` measures them on a GPU, and `{APPEND_COMMAND}` adds them "

@@ -54,17 +54,23 @@ def on_cpu(df: pd.DataFrame) -> bool:
     return len(df) > 0 and str(df["gpu"].iloc[0]).startswith("cpu")
 
 
-def load(results: Path, family: str, **part) -> pd.DataFrame:
-    """A family's rows; with `part` (column values, e.g. direction="bwd"), only the rows that
-    match. Where the folder's file has no such rows (a run of other ops only), they come from the
-    committed reference, as a missing family does; where neither has any, the frame is empty.
-    Rows measured on the CPU keep their correctness check but lose their timings (NaN): the
-    chapters then say so instead of plotting the interpreter's speed."""
+# Families whose file holds several ops: what `load` gives unless another op is asked for.
+PRIMARY_OP = {"attention": "attention_fwd", "softmax": "softmax"}
+
+
+def load(results: Path, family: str, op: str | None = None) -> pd.DataFrame:
+    """A family's rows: those of `op`, by default the family's main op (PRIMARY_OP: attention's
+    file also holds forward+backward and decoding rows, softmax's the backward's, op
+    "softmax_bwd"). Where the folder's file has no rows of the op (a run of other ops only,
+    `--op`), they come from the committed reference, as a missing family does; where neither has
+    any, the frame is empty. Rows measured on the CPU keep their correctness check but lose their
+    timings (NaN): the chapters then say so instead of plotting the interpreter's speed."""
     path = data_file(results, f"{family}.parquet")
-    df = _rows_of(path, family, part)
-    if not len(df) and part and path.resolve() != (REFERENCE / path.name).resolve():
+    op = op or PRIMARY_OP.get(family)
+    df = _rows_of(path, family, op)
+    if not len(df) and op is not None and path.resolve() != (REFERENCE / path.name).resolve():
         path = REFERENCE / path.name
-        df = _rows_of(path, family, part)
+        df = _rows_of(path, family, op)
     if on_cpu(df):
         for column in TIMING_COLUMNS:
             if column in df:
@@ -74,15 +80,19 @@ def load(results: Path, family: str, **part) -> pd.DataFrame:
     return df
 
 
-def _rows_of(path: Path, family: str, part: dict) -> pd.DataFrame:
-    """The rows of a family's file that match `part`, with the columns added since it was written
-    (see `schema.with_added_columns`)."""
+def _rows_of(path: Path, family: str, op: str | None) -> pd.DataFrame:
+    """The rows of `op` (all of them for None) in a family's file, with the columns added since
+    it was written filled in (see `schema.with_added_columns`)."""
     df = schema.with_added_columns(pd.read_parquet(path), family)
+    if op is not None:
+        df = df[df["op"] == op].reset_index(drop=True)
+    if family == "attention":
+        # Rows from before grouped heads and KV caches: as many k/v heads and keys as queries.
+        for col, same in (("kv_heads", "heads"), ("seq_k", "seq")):
+            df[col] = df[col].fillna(df[same]) if col in df else df[same]
     if "ms_device" not in df:
         df["ms_device"] = float("nan")  # data from before device time was measured
-    for column, value in part.items():
-        df = df[df[column] == value]
-    return df.reset_index(drop=True)
+    return df
 
 
 def load_csv(results: Path, name: str) -> pd.DataFrame:

@@ -38,7 +38,9 @@ FAMILY_SHAPES = {
     "softmax": {"rows": I, "width": I, "direction": S},
     "layernorm": {"rows": I, "width": I, "direction": S},
     "softmax_matmul": {"batch": I, "d1": I, "d2": I, "d3": I},
-    "attention": {"batch": I, "heads": I, "seq": I, "head_dim": I, "causal": pa.bool_()},
+    # kv_heads, seq_k: added with grouped heads and KV caches (empty in older rows: = heads, seq).
+    "attention": {"batch": I, "heads": I, "seq": I, "head_dim": I, "causal": pa.bool_(),
+                  "kv_heads": I, "seq_k": I},
     # x (m, k) @ weight (k, n): for matmul_softmax m is the batch B and n the classes C.
     "matmul_softmax": {"m": I, "k": I, "n": I},
     "linear_act": {"m": I, "k": I, "n": I, "activation": S},

@@ -167,6 +167,30 @@ def attention_flops(batch, heads, seq, head_dim, causal: bool) -> float:
     return 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
 
+def attention_fwd_bwd_kernels(batch, heads, seq, head_dim, itemsize) -> list[Kernel]:
+    """Fused forward (reads Q, K, V; writes O and the log-sum-exp) and FlashAttention-2 backward
+    (reads Q, K, V, O, dO and the log-sum-exp; writes dQ, dK, dV; the row terms delta are
+    negligible): what must move at least, whichever backend."""
+    qkv = batch * heads * seq * head_dim * itemsize
+    lse = batch * heads * seq * 4
+    return [Kernel("O = attention(Q, K, V)", 3 * qkv, qkv + lse, 0),
+            Kernel("dQ, dK, dV", 5 * qkv + lse, 3 * qkv, 0)]
+
+
+def attention_fwd_bwd_flops(batch, heads, seq, head_dim, causal: bool) -> float:
+    """Forward 2 matmuls, backward 5 (recomputing S, then dV, dP, dQ, dK): 3.5x the forward."""
+    return 3.5 * attention_flops(batch, heads, seq, head_dim, causal)
+
+
+def attention_decode_kernels(batch, heads, kv_heads, seq_k, head_dim, itemsize) -> list[Kernel]:
+    """One query per head against a KV cache: K and V read once (a grouped head once for all the
+    query heads that share it), q read and the output written (small)."""
+    q = batch * heads * head_dim * itemsize
+    kv = batch * kv_heads * seq_k * head_dim * itemsize
+    return [Kernel("o = attention(q, K cache, V cache)", q + 2 * kv, q,
+                   4 * batch * heads * seq_k * head_dim)]
+
+
 # --- Matmul epilogues ------------------------------------------------------------------------------
 
 def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None) -> list[Kernel]:

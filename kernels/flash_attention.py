@@ -29,6 +29,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (cdiv, check_pow2, check_same, check_tensor, empty,
                       interpreting, is_fake, next_pow2)
+from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
 
@@ -323,8 +324,16 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     (seq_bucket of the query and of the key length, head_dim, causal, dtype, device): the first
     call per key pays for the search. Otherwise the missing parameters come from default_config,
     as they always do under the interpreter.
+
+    Few queries per key/value head (seq_q * heads / kv_heads <= 16: decoding with a KV cache)
+    and no launch parameter given: the keys are split across programs instead
+    (kernels.flash_decoding), so that one query per head still fills the GPU.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
+    if flash_decoding.applies(q, k) and all(
+            p is None for p in (block_m, block_n, num_warps, num_stages)):
+        out, lse = flash_decoding.attention(q, k, v, causal, sm_scale)
+        return (out, lse) if return_lse else out
     if q.shape[-1] % 8:
         # Tensor descriptors need rows of 16 bytes: zero columns up to a multiple of 8 change no
         # dot product (a copy of q, k, v; only for such head dims).

@@ -127,18 +127,25 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, sm_scale, SEQ, SEQ_K, H, GROUP,
 
 
 def default_blocks(head_dim: int) -> dict:
-    """(block_m, block_n, num_warps, num_stages) of the dk/dv and dq kernels."""
+    """Launch settings of the two kernels: {"dkdv": {...}, "dq": {...}}, each with block_m,
+    block_n, num_warps, num_stages. dk/dv keep a key tile resident and walk query tiles; dq the
+    reverse."""
     if interpreting():
-        return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
+        one = dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
+        return dict(dkdv=one, dq=one)
     if next_pow2(head_dim) > 128:
-        return dict(block_m=32, block_n=32, num_warps=4, num_stages=1)
-    return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+        one = dict(block_m=32, block_n=32, num_warps=4, num_stages=1)
+        return dict(dkdv=one, dq=one)
+    one = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+    return dict(dkdv=one, dq=one)
 
 
-def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float):
+def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float, blocks=None):
     """(dq, dk, dv) of attention, from the forward's inputs, output and per-row log-sum-exp
     (float32, (batch * heads, seq_q), base 2). q, out (batch, heads, seq_q, dim); k, v (batch,
-    kv_heads, seq_k, dim), one dtype; out contiguous, the others any layout (made contiguous). Causal is aligned to the bottom right, as in the forward."""
+    kv_heads, seq_k, dim), one dtype; out contiguous, the others any layout (made contiguous).
+    Causal is aligned to the bottom right, as in the forward. blocks: default_blocks' form
+    (None: default_blocks(head_dim))."""
     batch, heads, seq, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     # The kernels index contiguous (batch, heads, seq, dim) tensors: strided views (which the
@@ -148,20 +155,23 @@ def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float):
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     block_d = max(16, next_pow2(head_dim))
-    cfg = default_blocks(head_dim)
-    bm, bn = cfg["block_m"], cfg["block_n"]
+    cfg = blocks or default_blocks(head_dim)
     delta = empty((batch * heads, seq), torch.float32, q.device)
     _attn_bwd_preprocess[(cdiv(seq, 64), batch * heads)](out, dout, delta, seq,
                                                          HEAD_DIM=head_dim, BLOCK_M=64,
                                                          BLOCK_D=block_d, num_warps=4)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
-                  UPCAST=_upcast_bf16(q.dtype), BLOCK_M=bm, BLOCK_N=bn,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  UPCAST=_upcast_bf16(q.dtype))
     sizes = (seq, seq_k, heads, heads // kv_heads)
-    _attn_bwd_dkdv[(cdiv(seq_k, bn), batch * kv_heads)](q, k, v, dout, lse, delta, dk, dv,
-                                                         float(sm_scale), *sizes, **consts)
-    _attn_bwd_dq[(cdiv(seq, bm), batch * heads)](q, k, v, dout, lse, delta, dq,
-                                                  float(sm_scale), *sizes, **consts)
+
+    def launch_args(c):
+        return dict(BLOCK_M=c["block_m"], BLOCK_N=c["block_n"], num_warps=c["num_warps"],
+                    num_stages=c["num_stages"])
+    kv, qc = cfg["dkdv"], cfg["dq"]
+    _attn_bwd_dkdv[(cdiv(seq_k, kv["block_n"]), batch * kv_heads)](
+        q, k, v, dout, lse, delta, dk, dv, float(sm_scale), *sizes, **consts, **launch_args(kv))
+    _attn_bwd_dq[(cdiv(seq, qc["block_m"]), batch * heads)](
+        q, k, v, dout, lse, delta, dq, float(sm_scale), *sizes, **consts, **launch_args(qc))
     return dq, dk, dv
 
 

@@ -266,10 +266,10 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
     shutil.copy(R.REFERENCE / "limits.parquet", tmp_path / "limits.parquet")
     shutil.copy(R.REFERENCE / "softmax.parquet", tmp_path / "softmax.parquet")
     assert "direction" not in pq.read_schema(tmp_path / "softmax.parquet").names
-    fwd = R.load(tmp_path, "softmax", direction="fwd")
+    fwd = R.load(tmp_path, "softmax")
     assert len(fwd) == pq.read_metadata(tmp_path / "softmax.parquet").num_rows
     assert not fwd.attrs["from_reference"]
-    bwd = R.load(tmp_path, "softmax", direction="bwd")
-    reference_bwd = R.load(R.REFERENCE, "softmax", direction="bwd")
+    bwd = R.load(tmp_path, "softmax", op="softmax_bwd")
+    reference_bwd = R.load(R.REFERENCE, "softmax", op="softmax_bwd")
     assert len(bwd) == len(reference_bwd) and bwd.attrs["from_reference"]
     assert not reference_bwd.attrs["from_reference"]

@@ -222,6 +222,65 @@ def test_grouped_heads_and_kv_cache_backward(q_shape, kv_shape, causal, device):
         assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
 
+# (q shape, k/v shape) of decoding: one query (grouped heads or not), a few queries (speculative
+# decoding) with head dims that are not powers of two.
+DECODE_SHAPES = [((1, 4, 1, 64), (1, 1, 300, 64)), ((2, 2, 3, 40), (2, 2, 150, 40)),
+                 ((1, 8, 2, 16), (1, 4, 129, 16))]
+
+
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_shape, kv_shape", DECODE_SHAPES)
+def test_decoding_split_keys(q_shape, kv_shape, causal, splits, device):
+    """Few queries against many keys take the split-key path (its own kernels): output and
+    log-sum-exp against float64, whatever the number of splits (one split stores directly)."""
+    from triton_fusion_report.kernels import flash_decoding as fd
+
+    q = torch.randn(q_shape, device=device, dtype=torch.float16)
+    k, v = (torch.randn(kv_shape, device=device, dtype=torch.float16) for _ in range(2))
+    assert fd.applies(q, k)
+    scale = q.shape[-1] ** -0.5
+    out, lse = fd.attention(q, k, v, causal, scale, num_splits=splits)
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+    group = q.shape[1] // k.shape[1]
+    s = (q.double() @ k.double().repeat_interleave(group, 1).transpose(-2, -1)) * scale
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+        s = s.masked_fill(~keep, float("-inf"))
+    want_lse = torch.logsumexp(s, -1).flatten(0, 1) / math.log(2)
+    assert (lse.double() - want_lse).abs().max().item() <= 1e-3
+
+
+def test_decoding_is_the_default_for_few_queries(device, monkeypatch):
+    """triton_fused dispatches one query per head to the split-key kernels, and a strided view of
+    a longer KV cache (the cache's first seq_k positions) is read in place."""
+    from triton_fusion_report.kernels import flash_decoding as fd
+
+    calls = []
+    real = fd.attention
+    monkeypatch.setattr(fd, "attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    cache = torch.randn(2, 2, 2, 400, 32, device=device, dtype=torch.float16)  # (k|v, b, h, s, d)
+    k, v = cache[0, :, :, :257], cache[1, :, :, :257]
+    assert not k.is_contiguous()
+    q = torch.randn(2, 4, 1, 32, device=device, dtype=torch.float16)
+    out = at.triton_fused(q, k, v)
+    assert calls and rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_decoding_backward(causal, device):
+    """Gradients through the split-key forward (the backward reads its log-sum-exp)."""
+    q = torch.randn(1, 4, 2, 32, device=device, dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 90, 32, device=device, dtype=torch.float16) for _ in range(2))
+    dout = torch.randn_like(q)
+    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
+    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
+                  *(t.double() for t in (q, k, v)), dout.double())
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
+
+
 def test_bottom_right_causal_matches_sdpa(device):
     """The causal alignment is PyTorch's causal_lower_right (what a KV cache needs)."""
     from torch.nn.attention.bias import causal_lower_right

@@ -236,15 +236,15 @@ def test_softmax_backward_findings_without_backward_rows(tmp_path):
     from triton_fusion_report.analysis import findings as F
 
     limits = R.load_limits(R.REFERENCE)
-    smb = R.load(R.REFERENCE, "softmax", direction="bwd")
-    assert len(smb) == 0 and len(R.load(R.REFERENCE, "softmax", direction="fwd")) > 0
+    smb = R.load(R.REFERENCE, "softmax", op="softmax_bwd")
+    assert len(smb) == 0 and len(R.load(R.REFERENCE, "softmax")) > 0
     said = str(F.softmax_backward_findings(smb, limits)["measured"])
     assert said.startswith("No softmax backward rows were measured in this reference:")
     assert "--op softmax_bwd" in said
     assert "none in this results folder" in R.md_table(F.softmax_backward_table(smb, limits))
     for name in ("limits.parquet", "softmax.parquet"):
         shutil.copy(R.REFERENCE / name, tmp_path / name)
-    said = F.softmax_backward_findings(R.load(tmp_path, "softmax", direction="bwd"), limits)
+    said = F.softmax_backward_findings(R.load(tmp_path, "softmax", op="softmax_bwd"), limits)
     assert "in this results folder, nor in the committed reference" in said["measured"]
 
 
@@ -252,7 +252,7 @@ def test_softmax_backward_findings_on_cpu_rows():
     """The smoke run's backward rows were checked, not timed: the section says so."""
     from triton_fusion_report.analysis import findings as F
 
-    smb = R.load(SMOKE, "softmax", direction="bwd")
+    smb = R.load(SMOKE, "softmax", op="softmax_bwd")
     assert len(smb) and (smb["status"] == "ok").all()
     said = str(F.softmax_backward_findings(smb, R.load_limits(SMOKE))["measured"])
     assert said.startswith(f"The {len(smb)} softmax backward rows here were not timed (a run on the CPU")
@@ -266,7 +266,7 @@ def test_softmax_backward_section_with_backward_rows(tmp_path, monkeypatch):
     ns = _chapter_namespace(ROOT / "report" / "reductions.qmd",
                             _folder_with_softmax_backward(tmp_path), monkeypatch)
     assert set(ns["sm"]["direction"]) == {"fwd"} and set(ns["smb"]["direction"]) == {"bwd"}
-    reference_fwd = R.load(R.REFERENCE, "softmax", direction="fwd")
+    reference_fwd = R.load(R.REFERENCE, "softmax")
     assert ns["fs"]["best"] == F.softmax_findings(reference_fwd, ns["copy_bw"])["best"]
     fb = ns["fb"]
     assert str(fb["measured"]).startswith("On the GPU alone (device time)")

@@ -1,0 +1,191 @@
+"""Attention for few queries against many keys (decoding with a KV cache), split along the keys.
+
+With one query per head (Sq = 1), FlashAttention's grid (query tiles, batch * heads) has one
+program per head: batch 1 with 32 heads fills 32 of an H100's 132 SMs, and a 64-row query tile
+holds one useful row. Flash-decoding splits the keys instead: program (split, batch * kv head)
+walks one chunk of the keys for every query that reads that key/value head (the GROUP query
+heads of grouped-query attention times the few queries, packed as the rows of one tile, so k
+and v are read once per kv head, not once per query head) and stores its partial output and
+log-sum-exp; a second kernel merges the splits: with lse_s the chunks' log-sum-exps (base 2),
+out = sum_s 2^(lse_s - L) o_s with L = log2(sum_s 2^lse_s).
+
+Pointer loads with the tensors' own strides (views of a KV cache need no copy), any head_dim up
+to 256 (masked to the next power of two). One split stores the final output directly.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cdiv, empty, interpreting, next_pow2, sm_count_of
+from ._common import dot as _dot
+from ._common import upcast_bf16 as _upcast_bf16
+
+MAX_ROWS = 16  # seq_q * (heads / kv_heads) up to this: decoding (one query, a few with speculation)
+MIN_CHUNK = 256  # keys per split, at least
+
+
+@triton.jit
+def _decode_split(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H_KV, GROUP, CHUNK,
+                  sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                  so_b, so_h, so_s, so_x, sl_x,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                  UPCAST: tl.constexpr, FINAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Program (split, batch * kv head). Row r of the tile is query r % SEQ of query head
+    kv_head * GROUP + r // SEQ. FINAL (one split): O is the output (batch, heads, seq, dim) and
+    LSE (batch * heads, seq); else O is the float32 partials (split, batch * kv heads, rows, dim),
+    LSE (split, batch * kv heads, rows), at strides so_x and sl_x per split."""
+    split = tl.program_id(0)
+    off_kv = tl.program_id(1)
+    b = off_kv // H_KV
+    kv_h = off_kv % H_KV
+    rows = tl.arange(0, BLOCK_M)
+    q_i = rows % SEQ
+    q_h = kv_h * GROUP + rows // SEQ
+    row_ok = rows < SEQ * GROUP
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < HEAD_DIM
+    q_ptrs = (Q + b.to(tl.int64) * sq_b + q_h[:, None].to(tl.int64) * sq_h
+              + q_i[:, None].to(tl.int64) * sq_s + cols[None, :])
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    k_base = K + b.to(tl.int64) * sk_b + kv_h.to(tl.int64) * sk_h
+    v_base = V + b.to(tl.int64) * sv_b + kv_h.to(tl.int64) * sv_h
+    qk_scale = sm_scale * 1.44269504  # log2(e)
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, SEQ_K)
+    if CAUSAL:
+        last = q_i + SEQ_K - SEQ  # bottom-right aligned: query i sees keys j <= i + SEQ_K - SEQ
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in tl.range(lo, hi, BLOCK_N):
+        keys = start + offs_n
+        kv_mask = (keys < hi)[:, None] & col_ok[None, :]
+        k = tl.load(k_base + keys[:, None].to(tl.int64) * sk_s + cols[None, :], mask=kv_mask,
+                    other=0.0)
+        v = tl.load(v_base + keys[:, None].to(tl.int64) * sv_s + cols[None, :], mask=kv_mask,
+                    other=0.0)
+        qk = _dot(q, k.T, None, "tf32", UPCAST)
+        keep = (keys < hi)[None, :]
+        if CAUSAL:
+            keep = keep & (keys[None, :] <= last[:, None])
+        s = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # no key yet: no NaN
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], "tf32", UPCAST)
+        m_i = m_ij
+    # A row that saw no key in this chunk (causal, or past the end) has l = 0: output 0, lse -inf.
+    seen = l_i > 0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    if FINAL:
+        o_ptrs = (O + b.to(tl.int64) * so_b + q_h[:, None].to(tl.int64) * so_h
+                  + q_i[:, None].to(tl.int64) * so_s + cols[None, :])
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        heads = H_KV * GROUP
+        tl.store(LSE + (b * heads + q_h).to(tl.int64) * SEQ + q_i, lse, mask=row_ok)
+    else:
+        part = split.to(tl.int64) * so_x + off_kv.to(tl.int64) * BLOCK_M * BLOCK_D
+        tl.store(O + part + rows[:, None] * BLOCK_D + cols[None, :], out)
+        tl.store(LSE + split.to(tl.int64) * sl_x + off_kv.to(tl.int64) * BLOCK_M + rows, lse)
+
+
+@triton.jit
+def _decode_merge(P, PL, O, LSE, SEQ, H_KV, GROUP, N_SPLITS, so_b, so_h, so_s, so_x, sl_x,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_S: tl.constexpr):
+    """Program (batch * kv head): the rows of one tile, merged over the splits."""
+    off_kv = tl.program_id(0)
+    b = off_kv // H_KV
+    kv_h = off_kv % H_KV
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    splits = tl.arange(0, BLOCK_S)
+    lse = tl.load(PL + splits[:, None].to(tl.int64) * sl_x + off_kv * BLOCK_M + rows[None, :],
+                  mask=(splits < N_SPLITS)[:, None], other=float("-inf"))  # [S, M]
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.math.exp2(lse - top[None, :])
+    total = tl.sum(w, 0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(N_SPLITS):
+        w_s = tl.math.exp2(tl.load(PL + s * sl_x + off_kv * BLOCK_M + rows) - top)
+        o_s = tl.load(P + s * so_x.to(tl.int64) + off_kv.to(tl.int64) * BLOCK_M * BLOCK_D
+                      + rows[:, None] * BLOCK_D + cols[None, :])
+        acc += w_s[:, None] * o_s
+    out = acc / total[:, None]
+    q_i = rows % SEQ
+    q_h = kv_h * GROUP + rows // SEQ
+    row_ok = rows < SEQ * GROUP
+    o_ptrs = (O + b.to(tl.int64) * so_b + q_h[:, None].to(tl.int64) * so_h
+              + q_i[:, None].to(tl.int64) * so_s + cols[None, :])
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & (cols < HEAD_DIM)[None, :])
+    heads = H_KV * GROUP
+    tl.store(LSE + (b * heads + q_h).to(tl.int64) * SEQ + q_i, top + tl.math.log2(total),
+             mask=row_ok)
+
+
+def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Few enough query rows per key/value head for one tile."""
+    return q.shape[2] * (q.shape[1] // k.shape[1]) <= MAX_ROWS
+
+
+def default_splits(batch_kv_heads: int, seq_k: int, device) -> int:
+    """Enough programs to fill the SMs about twice, each with MIN_CHUNK keys at least."""
+    if interpreting():
+        return min(4, max(1, cdiv(seq_k, 16)))
+    want = cdiv(2 * sm_count_of(device), batch_kv_heads)
+    return max(1, min(want, seq_k // MIN_CHUNK))
+
+
+def attention(q, k, v, causal: bool, sm_scale: float, *, num_splits=None, block_n=None,
+              num_warps=None, num_stages=None):
+    """out (q's shape and dtype) and lse (float32 (batch * heads, seq_q), base 2), inputs checked
+    by flash_attention._check_inputs. num_splits: chunks of the keys (None: default_splits)."""
+    batch, heads, seq, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    out = empty(q.shape, q.dtype, q.device)
+    lse = empty((batch * heads, seq), torch.float32, q.device)
+    if out.numel() == 0:
+        return out, lse
+    block_m = max(16, next_pow2(seq * group))
+    block_d = max(16, next_pow2(head_dim))
+    if block_n is None:
+        block_n = 16 if interpreting() else (64 if block_d <= 128 else 32)
+    splits = num_splits or default_splits(batch * kv_heads, seq_k, q.device)
+    # Chunks of whole key tiles; the count is what those chunks need (never an empty split).
+    chunk = cdiv(cdiv(seq_k, splits), block_n) * block_n
+    splits = cdiv(seq_k, chunk)
+    final = splits == 1
+    if final:
+        part, part_lse, sx, slx = out, lse, 0, 0
+    else:
+        part = torch.empty((splits, batch * kv_heads, block_m, block_d), dtype=torch.float32,
+                           device=q.device)
+        part_lse = torch.empty((splits, batch * kv_heads, block_m), dtype=torch.float32,
+                               device=q.device)
+        sx, slx = part.stride(0), part_lse.stride(0)
+    warps = num_warps or 4
+    stages = num_stages or (1 if interpreting() else 3)
+    _decode_split[(splits, batch * kv_heads)](
+        q, k, v, part, part_lse, sm_scale, seq, seq_k, kv_heads, group, chunk,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *out.stride()[:3], sx, slx,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, UPCAST=_upcast_bf16(q.dtype),
+        FINAL=final, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    if not final:
+        _decode_merge[(batch * kv_heads,)](
+            part, part_lse, out, lse, seq, kv_heads, group, splits, *out.stride()[:3], sx, slx,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
+            BLOCK_S=max(2, next_pow2(splits)), num_warps=4)
+    return out, lse
+
+
+__all__ = ["applies", "attention", "default_splits"]

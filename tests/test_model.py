@@ -1,0 +1,117 @@
+"""The project's LayerNorm and attention inside a tiny transformer (written here: no model library
+in CI), through the interpreter: forward, backward and a few training steps against the same
+block with PyTorch's ops, both measured against float64. analysis/model_check.py does the same
+with GPT-2 small on the GPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triton_fusion_report import kernels
+
+VOCAB, DIM, HEADS, SEQ, BATCH = 50, 32, 2, 24, 2
+
+
+class TinyTransformer(torch.nn.Module):
+    """Embedding, one pre-norm block (causal attention from one QKV projection, GELU MLP), final
+    LayerNorm, LM head. ops: "torch" or "triton"; attention runs in attn_dtype (float16 on the
+    Triton kernel's side; float64 for the reference), the rest in the parameters' dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, DIM)
+        self.pos = torch.nn.Parameter(torch.randn(SEQ, DIM) * 0.1)
+        self.ln1, self.ln2, self.ln_f = (torch.nn.LayerNorm(DIM) for _ in range(3))
+        for ln in (self.ln1, self.ln2, self.ln_f):  # not the identity: the weights matter
+            torch.nn.init.normal_(ln.weight, 1.0, 0.2)
+            torch.nn.init.normal_(ln.bias, 0.0, 0.2)
+        self.qkv = torch.nn.Linear(DIM, 3 * DIM)
+        self.proj = torch.nn.Linear(DIM, DIM)
+        self.fc = torch.nn.Linear(DIM, 4 * DIM)
+        self.fc_out = torch.nn.Linear(4 * DIM, DIM)
+        self.head = torch.nn.Linear(DIM, VOCAB)
+
+    def forward(self, ids, ops: str, attn_dtype=torch.float16):
+        ln = (lambda x, m: kernels.layer_norm(x, m.weight, m.bias, m.eps)) if ops == "triton" \
+            else (lambda x, m: F.layer_norm(x, (DIM,), m.weight, m.bias, m.eps))
+        b, s = ids.shape
+        x = self.emb(ids) + self.pos[:s]
+        qkv = self.qkv(ln(x, self.ln1)).to(attn_dtype).view(b, s, 3, HEADS, DIM // HEADS)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # strided views, no copy
+        if ops == "triton":
+            a = kernels.attention(q, k, v, causal=True)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, DIM).to(x.dtype))
+        x = x + self.fc_out(F.gelu(self.fc(ln(x, self.ln2))))
+        return self.head(ln(x, self.ln_f))
+
+
+def _loss(model, ids, ops, attn_dtype=torch.float16):
+    logits = model(ids[:, :-1], ops, attn_dtype)
+    return F.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
+
+
+def _grads(model, ids, ops, attn_dtype=torch.float16):
+    model.zero_grad(set_to_none=True)
+    loss = _loss(model, ids, ops, attn_dtype)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _ids(device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g).to(device)
+
+
+def test_tiny_transformer_forward_backward(device):
+    """Loss and every parameter's gradient with the project's ops are as close to float64 as
+    PyTorch's own float16-attention run (within 2x, or 1e-3)."""
+    torch.manual_seed(0)
+    model = TinyTransformer().to(device)
+    ids = _ids(device, 0)
+    ref_loss, ref = _grads(model.double(), ids, "torch", torch.float64)
+    model.float()
+    errs = {}
+    for ops in ("torch", "triton"):
+        loss, grads = _grads(model, ids, ops)
+        errs[ops] = max([abs(loss - ref_loss) / ref_loss] + [
+            ((g.double() - ref[n]).abs().max() / ref[n].abs().max()).item()
+            for n, g in grads.items()])
+    assert errs["triton"] <= max(2 * errs["torch"], 1e-3), errs
+
+
+def test_tiny_transformer_training_steps(device):
+    """Five AdamW steps from the same weights on the same batches: losses within 1% of PyTorch's
+    at every step."""
+    losses = {}
+    for ops in ("torch", "triton"):
+        torch.manual_seed(0)
+        model = TinyTransformer().to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses[ops] = []
+        for step in range(5):
+            opt.zero_grad(set_to_none=True)
+            loss = _loss(model, _ids(device, step), ops)
+            loss.backward()
+            opt.step()
+            losses[ops].append(loss.item())
+    assert losses["torch"][-1] < losses["torch"][0]  # it trains: the comparison means something
+    for a, b in zip(losses["torch"], losses["triton"]):
+        assert abs(b - a) <= 0.01 * abs(a), losses
+
+
+def test_model_check_attention_refuses_padding_masks(device):
+    """The transformers adapter takes the causal mask (bool or additive) and refuses others."""
+    from triton_fusion_report.analysis import model_check as mc
+
+    q = torch.randn(1, 2, 5, 16, device=device, dtype=torch.float16)
+    causal = torch.ones(5, 5, dtype=torch.bool, device=device).tril()[None, None]
+    module = type("M", (), {"is_causal": True})()
+    out, weights = mc.attention_forward(module, q, q, q, causal)
+    assert out.shape == (1, 5, 2, 16) and weights is None
+    additive = torch.zeros(1, 1, 5, 5, device=device).masked_fill(~causal, float("-inf"))
+    assert torch.equal(mc.attention_forward(module, q, q, q, additive)[0], out)
+    padded = causal.clone()
+    padded[..., 0] = False
+    with pytest.raises(NotImplementedError, match="causal mask"):
+        mc.attention_forward(module, q, q, q, padded)

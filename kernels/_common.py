@@ -10,10 +10,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.compiler import CompiledKernel
+from triton.knobs import HookChain
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -40,8 +46,6 @@ def empty(shape, dtype, device) -> torch.Tensor:
 
 def interpreting() -> bool:
     """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    from triton import knobs
-
     return bool(knobs.runtime.interpret)
 
 
@@ -183,6 +187,195 @@ def default_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
+
+# ------------------------------------------------------------------------------------------------
+# Launching at the floor.
+#
+# `kernel[grid](...)` runs Triton's JITFunction.run on every call: it binds the arguments and
+# specialises them, builds a cache key (with str() of the options), looks the compiled kernel up,
+# checks the kernel's globals, builds launch metadata for the hooks and only then calls the
+# compiled kernel's launcher: 11-19 us of host time a call on an H100 machine, more than a small
+# kernel runs. `launch` makes the first call of each specialisation through kernel[grid] unchanged,
+# keeps the compiled kernel it returns, and sends later calls of the same specialisation straight
+# to that kernel's launcher with the arguments JITFunction.run would pass.
+
+# Off: TRITON_FUSION_FAST_LAUNCH=0 in the environment, or `_common.FAST_LAUNCH = False` at run time
+# (every launch then goes through kernel[grid]).
+FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
+# Compiled kernels remembered per JITFunction; a full table is emptied and refills.
+FAST_LAUNCH_MAX_ENTRIES = 1024
+# specialization_key and launch mirror Triton 3.6's JITFunction.run: other versions take the
+# normal path.
+_TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_MISSING = object()
+
+
+def specialization_key(args) -> tuple | None:
+    """A key for what Triton 3.6 specialises a kernel on, given its runtime (not constexpr)
+    arguments in order: two calls with equal keys get the same specialisation. None for an
+    argument of a kind not handled here (the caller then launches through Triton).
+
+    Triton (the binder of runtime/jit.py, native_specialize_impl of python/src/specialize.cc)
+    types a tensor by its dtype and marks it when data_ptr() is a multiple of 16; makes an int
+    equal to 1 a constexpr, types other ints i32, i64 or u64 by range and marks them when divisible
+    by 16; types a float fp32 (any value), a bool u1, None a constexpr. This key records all of
+    that for every argument, also where a parameter's `do_not_specialize` or annotation makes
+    Triton ignore part of it: finer than Triton's, never coarser."""
+    key = []
+    append = key.append
+    for a in args:
+        cls = a.__class__
+        if cls is _Tensor or cls is _Parameter:
+            append(a.dtype)
+            append(not a.data_ptr() & 15)
+        elif cls is int:
+            if a == 1:
+                append("1")
+            elif -0x80000000 <= a <= 0x7FFFFFFF:
+                append("i32" if a & 15 else "i32:16")
+            elif -0x8000000000000000 <= a <= 0x7FFFFFFFFFFFFFFF:
+                append("i64" if a & 15 else "i64:16")
+            elif 0 < a <= 0xFFFFFFFFFFFFFFFF:
+                append("u64" if a & 15 else "u64:16")
+            else:
+                return None  # Triton raises OverflowError: let it
+        elif cls is float:
+            append("fp32")
+        elif cls is bool:
+            append("u1")
+        elif a is None:
+            append(None)
+        else:
+            return None
+    return tuple(key)
+
+
+class _Compiled:
+    """One compiled kernel and what its launcher needs besides the runtime arguments."""
+
+    __slots__ = ("kernel", "launcher", "direct", "function", "packed_metadata", "coop", "pdl",
+                 "constexprs", "globals")
+
+    def __init__(self, kernel, launcher, direct, constexprs, globals_):
+        self.kernel = kernel
+        self.launcher = launcher
+        self.direct = direct
+        self.function = kernel.function
+        self.packed_metadata = kernel.packed_metadata
+        self.coop = getattr(launcher, "launch_cooperative_grid", None)
+        self.pdl = getattr(launcher, "launch_pdl", None)
+        self.constexprs = constexprs
+        self.globals = globals_
+
+
+class _Launches:
+    """What `launch` keeps for one kernel: where its constexpr parameters start (-1: never the
+    fast path) and the compiled kernels by key."""
+
+    __slots__ = ("kernel", "n_runtime", "constexpr_names", "compiled")
+
+    def __init__(self, kernel):
+        self.kernel = kernel  # a reference, so that id(kernel) stays this kernel's
+        self.n_runtime, self.constexpr_names, self.compiled = -1, (), {}
+        if not _TRITON_MATCHES or type(kernel) is not JITFunction:  # e.g. the interpreter's
+            return
+        params = kernel.params
+        n = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
+        # The launcher's arguments are the runtime ones (positional) then the constexprs (by
+        # keyword): kernels whose constexprs are not all at the end keep the normal path.
+        if all(p.is_constexpr for p in params[n:]):
+            self.n_runtime = n
+            self.constexpr_names = tuple(p.name for p in params[n:])
+
+    def remember(self, key, compiled, kwargs) -> None:
+        if not isinstance(compiled, CompiledKernel) or compiled.function is None:
+            return
+        try:
+            constexprs = tuple(kwargs[name] for name in self.constexpr_names)
+        except KeyError:  # a constexpr left to its default: keep the normal path
+            return
+        launcher = compiled.run
+        # CudaLauncher.__call__ only adds the scratch buffers (None when their size is 0) and
+        # the launch flags before calling its C `launch`: call that directly where it can.
+        direct = (type(launcher).__name__ == "CudaLauncher"
+                  and getattr(launcher, "global_scratch_size", None) == 0
+                  and getattr(launcher, "profile_scratch_size", None) == 0
+                  and all(hasattr(launcher, a) for a in ("launch", "launch_cooperative_grid",
+                                                         "launch_pdl")))
+        # JITFunction.run raises if a global the kernel read has changed since it compiled; it
+        # just passed that check, so the objects bound now are the right ones.
+        globals_ = tuple((g, name, g.get(name, _MISSING))
+                         for (name, _), (_, g) in self.kernel.used_global_vals.items())
+        if len(self.compiled) >= FAST_LAUNCH_MAX_ENTRIES:
+            self.compiled.clear()
+        self.compiled[key] = _Compiled(compiled, launcher, direct, constexprs, globals_)
+
+
+_LAUNCHES: dict[int, _Launches] = {}
+
+
+def _hook_idle(hook) -> bool:
+    return hook is None or (hook.__class__ is HookChain and not hook.calls)
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """`kernel[grid](*args, **kwargs)`, straight through the compiled kernel's launcher once
+    Triton has compiled the kernel for this specialisation; returns the compiled kernel, as
+    kernel[grid] does.
+
+    The key (`specialization_key` of args, the device, every keyword: constexprs and options such
+    as num_warps) holds everything Triton keys its compiled kernels on. The fast path needs the
+    runtime arguments positional and the constexprs by keyword (as kernels/ passes them), a tuple
+    grid, Triton 3.6, and nothing unusual: no launch or pre-run hooks, no debug or instrumentation
+    mode, not the interpreter, the kernel's globals unchanged. Anything else goes through
+    kernel[grid], as does the first call of each key."""
+    state = _LAUNCHES.get(id(kernel))
+    if state is None:
+        state = _LAUNCHES[id(kernel)] = _Launches(kernel)
+    if not FAST_LAUNCH or len(args) != state.n_runtime or grid.__class__ is not tuple:
+        return kernel[grid](*args, **kwargs)
+    runtime = knobs.runtime
+    if (runtime.debug or kernel.debug or knobs.compilation.instrumentation_mode
+            or kernel.pre_run_hooks or not _hook_idle(runtime.launch_enter_hook)
+            or not _hook_idle(runtime.launch_exit_hook)):
+        return kernel[grid](*args, **kwargs)
+    spec = specialization_key(args)
+    if spec is None:
+        return kernel[grid](*args, **kwargs)
+    active = driver.active
+    device = active.get_current_device()  # what JITFunction.run keys its caches on
+    key = (device, tuple(kwargs.items()), spec)
+    try:
+        entry = state.compiled.get(key)
+    except TypeError:  # an unhashable keyword value
+        return kernel[grid](*args, **kwargs)
+    if entry is not None:
+        for g, name, value in entry.globals:
+            if g.get(name, _MISSING) is not value:
+                entry = None  # JITFunction.run checks them (and raises if they changed)
+                break
+    if entry is None:
+        compiled = kernel[grid](*args, **kwargs)
+        state.remember(key, compiled, kwargs)
+        return compiled
+    n = len(grid)
+    grid_0 = grid[0]
+    grid_1 = grid[1] if n > 1 else 1
+    grid_2 = grid[2] if n > 2 else 1
+    stream = active.get_current_stream(device)
+    # No hooks are set (checked above): no launch metadata, None for the hooks.
+    if entry.direct:
+        entry.launcher.launch(grid_0, grid_1, grid_2, stream, entry.function, entry.coop,
+                              entry.pdl, None, None, entry.packed_metadata, None, None, None,
+                              *args, *entry.constexprs)
+    else:
+        entry.launcher(grid_0, grid_1, grid_2, stream, entry.function, entry.packed_metadata,
+                       None, None, None, *args, *entry.constexprs)
+    return entry.kernel
+
+
 __all__ = [
     "FLOAT_DTYPES",
     "INTERPRETER_SM_COUNT",
@@ -198,9 +391,11 @@ __all__ = [
     "empty",
     "interpreting",
     "is_fake",
+    "launch",
     "next_pow2",
     "poisoned_outputs",
     "sm_count_of",
+    "specialization_key",
     "triton",
     "upcast_bf16",
 ]

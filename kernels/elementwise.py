@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._common import (check_contiguous, check_pow2, check_same, check_tensor, check_warps,
-                      default_warps, empty)
+                      default_warps, empty, launch)
 
 DEFAULT_BLOCK = 2048
 
@@ -135,9 +135,9 @@ def triton_unfused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
     t = empty(x.shape, x.dtype, x.device)
     out = empty(x.shape, x.dtype, x.device)
     if x.numel():
-        _add_kernel[grid](x, y, t, x.numel(), BLOCK=block, num_warps=num_warps)
-        _mul_kernel[grid](t, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
-                          num_warps=num_warps)
+        launch(_add_kernel, grid, x, y, t, x.numel(), BLOCK=block, num_warps=num_warps)
+        launch(_mul_kernel, grid, t, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
+               num_warps=num_warps)
     return out
 
 
@@ -147,6 +147,6 @@ def triton_fused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
     block, num_warps, grid = _launch_args(x, block, num_warps)
     out = empty(x.shape, x.dtype, x.device)
     if x.numel():
-        _add_mul_kernel[grid](x, y, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
-                              num_warps=num_warps)
+        launch(_add_mul_kernel, grid, x, y, z_t, z_s, out, x.numel(), period, Z_MODE=mode,
+               BLOCK=block, num_warps=num_warps)
     return out

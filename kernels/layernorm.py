@@ -24,7 +24,7 @@ import triton.language as tl
 
 from . import layernorm_backward as _bwd
 from ._common import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_pow2, check_same,
-                      check_tensor, check_warps, default_warps, empty, next_pow2)
+                      check_tensor, check_warps, default_warps, empty, launch, next_pow2)
 from .layernorm_backward import BWD_MAX_ONE_TILE, bwd_groups
 from .layernorm_forward import MAX_ONE_TILE, forward
 
@@ -208,19 +208,19 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
         return empty(x.shape, x.dtype, x.device)
     mean = empty((n_rows,), torch.float32, x.device)
     var = empty((n_rows,), torch.float32, x.device)
-    _row_mean_kernel[(n_rows,)](rows, mean, n_cols, rows.stride(0), BLOCK=block,
-                                num_warps=num_warps)
-    _row_var_kernel[(n_rows,)](rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
-                               num_warps=num_warps)
+    launch(_row_mean_kernel, (n_rows,), rows, mean, n_cols, rows.stride(0), BLOCK=block,
+           num_warps=num_warps)
+    launch(_row_var_kernel, (n_rows,), rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
+           num_warps=num_warps)
     t = empty(x.shape, x.dtype, x.device)
-    _normalise_kernel[(n_rows, cdiv(n_cols, block))](
-        rows, mean, var, t, n_cols, rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
+    launch(_normalise_kernel, (n_rows, cdiv(n_cols, block)), rows, mean, var, t, n_cols,
+           rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
     n = x.numel()
     for scale, p in ((True, weight), (False, bias)):
         if p is not None:
             out = empty(x.shape, x.dtype, x.device)
-            _column_op_kernel[(cdiv(n, block),)](t, p, out, n, n_cols, SCALE=scale, BLOCK=block,
-                                                 num_warps=num_warps)
+            launch(_column_op_kernel, (cdiv(n, block),), t, p, out, n, n_cols, SCALE=scale,
+                   BLOCK=block, num_warps=num_warps)
             t = out
     return t
 

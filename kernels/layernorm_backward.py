@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, empty, next_pow2, sm_count_of
+from ._common import cdiv, empty, launch, next_pow2, sm_count_of
 
 # Longest row the backward keeps whole in registers (x, dy and two partial-sum rows); wider rows
 # take the split kernel, BWD_SPLIT_BLOCK columns a program.
@@ -296,19 +296,19 @@ def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, d
             dx2.stride(0))
     # No FMA contraction (see the module docstring).
     if plan.one_tile:
-        _ln_bwd_kernel[(groups,)](
-            *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=plan.rows, BLOCK=plan.block,
-            PREFETCH=plan.prefetch, num_warps=plan.num_warps, enable_fp_fusion=False)
+        launch(_ln_bwd_kernel, (groups,), *args, HAS_W=has_w, DW=need_dw, DB=need_db,
+               ROWS=plan.rows, BLOCK=plan.block, PREFETCH=plan.prefetch, num_warps=plan.num_warps,
+               enable_fp_fusion=False)
     else:
-        _ln_bwd_split_kernel[(cdiv(n_cols, plan.block), groups)](
-            *args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=plan.block,
-            num_warps=plan.num_warps, enable_fp_fusion=False)
+        launch(_ln_bwd_split_kernel, (cdiv(n_cols, plan.block), groups), *args, HAS_W=has_w,
+               DW=need_dw, DB=need_db, BLOCK=plan.block, num_warps=plan.num_warps,
+               enable_fp_fusion=False)
     if n_parts == 0:
         return dx, None, None
     dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
     db = empty((n_cols,), db_dtype, x.device) if need_db else None
     block_n = min(128, max(32, next_pow2(n_cols) // 128))
-    _sum_groups_kernel[(cdiv(n_cols, block_n), n_parts)](
-        part, rows if dw is None else dw, rows if db is None else db, groups, n_cols, DW=need_dw,
-        DB=need_db, BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
+    launch(_sum_groups_kernel, (cdiv(n_cols, block_n), n_parts), part, rows if dw is None else dw,
+           rows if db is None else db, groups, n_cols, DW=need_dw, DB=need_db,
+           BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
     return dx, dw, db

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, default_warps, empty, next_pow2, sm_count_of
+from ._common import cdiv, default_warps, empty, launch, next_pow2, sm_count_of
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -240,8 +240,8 @@ def forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
             n_rows, n_cols, rows.stride(0), y2.stride(0), float(eps))
     has_w, has_b = weight is not None, bias is not None
     if not plan.one_tile:
-        _ln_fwd_loop_kernel[(n_rows,)](*args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
-                                       num_warps=plan.num_warps)
+        launch(_ln_fwd_loop_kernel, (n_rows,), *args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
+               num_warps=plan.num_warps)
         return stats
     # Per compiled variant: Triton specialises on each integer's and pointer's divisibility by 16
     # (which changes the registers: unaligned rows load an element at a time).
@@ -249,9 +249,9 @@ def forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
            rows.stride(0) % 16 == 0, y2.stride(0) % 16 == 0)
     per_sm = _RESIDENT.get(key)
     grid = min(cdiv(n_rows, plan.rows), sm_count_of(rows.device) * (per_sm or 1))
-    compiled = _ln_fwd_kernel[(grid,)](
-        *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows, BLOCK=plan.block,
-        WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch, num_warps=plan.num_warps)
+    compiled = launch(_ln_fwd_kernel, (grid,), *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows,
+                      BLOCK=plan.block, WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch,
+                      num_warps=plan.num_warps)
     if per_sm is None:
         _RESIDENT[key] = _resident_programs(compiled, rows.device, plan.num_warps)
     return stats

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._common import (INTERPRETER_SM_COUNT, check_pow2, check_same, check_tensor, check_warps,
-                      empty, sm_count_of)
+                      empty, launch, sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -224,12 +224,11 @@ def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k
         return out
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     has_bias = bias is not None
-    _matmul_kernel[grid](
-        x, weight, bias if has_bias else x, out, M, N, K, *x.stride(), *weight.stride(),
-        bias.stride(0) if has_bias else 0, *out.stride(), HAS_BIAS=has_bias,
-        ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
-        EVEN_K=K % bk == 0, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
-        num_warps=warps, num_stages=stages)
+    launch(_matmul_kernel, grid, x, weight, bias if has_bias else x, out, M, N, K, *x.stride(),
+           *weight.stride(), bias.stride(0) if has_bias else 0, *out.stride(), HAS_BIAS=has_bias,
+           ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
+           EVEN_K=K % bk == 0, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
+           num_warps=warps, num_stages=stages)
     return out
 
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, cdiv, check_same, empty, next_pow2
+from ._common import as_rows, cdiv, check_same, empty, launch, next_pow2
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096
@@ -82,10 +82,9 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
         block = max(16, next_pow2(n_cols))
         rows = max(1, TILE // block)
         warps = max(1, min(16, rows * block // 256))
-        _softmax_bwd_kernel[(cdiv(n_rows, rows),)](y_rows, dy_rows, dx_rows, n_rows, n_cols,
-                                                    *strides, ROWS=rows, BLOCK=block,
-                                                    num_warps=warps)
+        launch(_softmax_bwd_kernel, (cdiv(n_rows, rows),), y_rows, dy_rows, dx_rows, n_rows, n_cols,
+               *strides, ROWS=rows, BLOCK=block, num_warps=warps)
     else:
-        _softmax_bwd_loop_kernel[(n_rows,)](y_rows, dy_rows, dx_rows, n_cols, *strides,
-                                            BLOCK=LOOP_BLOCK, num_warps=16)
+        launch(_softmax_bwd_loop_kernel, (n_rows,), y_rows, dy_rows, dx_rows, n_cols, *strides,
+               BLOCK=LOOP_BLOCK, num_warps=16)
     return dx

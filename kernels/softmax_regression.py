@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETER_SM_COUNT, check_pow2, empty, sm_count_of
+from ._common import INTERPRETER_SM_COUNT, check_pow2, empty, launch, sm_count_of
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
@@ -327,16 +327,15 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     strides = (*x.stride(), *weight.stride(), s_bias, out.stride(0))
     dot_args = dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
                     EVEN_K=K % plan.block_k == 0)
-    launch = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
+    options = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.method == SIMPLE:
-        _ms_simple_kernel[(B,)](x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
-                                BLOCK_C=plan.block_c, BLOCK_K=plan.block_k,
-                                num_warps=plan.num_warps)
+        launch(_ms_simple_kernel, (B,), x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
+               BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
         return out
     if plan.method == TILED:
-        _ms_tiled_kernel[(triton.cdiv(B, plan.block_b),)](
-            x, weight, bias_arg, out, B, C, K, *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b,
-            BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, **dot_args, **launch)
+        launch(_ms_tiled_kernel, (triton.cdiv(B, plan.block_b),), x, weight, bias_arg, out, B, C, K,
+               *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
+               BLOCK_K=plan.block_k, **dot_args, **options)
         return out
     # online / two_pass_store: per-(row, C tile) partials, combined per row.
     n_tiles = triton.cdiv(C, plan.block_c)
@@ -344,24 +343,23 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     m_part = empty((B, n_tiles), torch.float32, x.device)
     l_part = empty((B, n_tiles), torch.float32, x.device)
     store = plan.method == TWO_PASS_STORE
-    _ms_stats_kernel[grid](x, weight, bias_arg, out, m_part, l_part, B, C, K, *strides, n_tiles,
-                           HAS_BIAS=has_bias, STORE_LOGITS=store, BLOCK_B=plan.block_b,
-                           BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP,
-                           **dot_args, **launch)
+    launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K, *strides,
+           n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, BLOCK_B=plan.block_b,
+           BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args, **options)
     m = empty((B,), torch.float32, x.device)
     inv_l = empty((B,), torch.float32, x.device)
     block_t = _pow2(n_tiles, 16, 128)
-    _ms_combine_kernel[(triton.cdiv(B, 32),)](m_part, l_part, m, inv_l, B, n_tiles, BLOCK_R=32,
-                                              BLOCK_T=block_t, num_warps=4)
+    launch(_ms_combine_kernel, (triton.cdiv(B, 32),), m_part, l_part, m, inv_l, B, n_tiles,
+           BLOCK_R=32, BLOCK_T=block_t, num_warps=4)
     if store:
         block_n = _pow2(C, 16, 1024)
         block_r = max(1, 8192 // block_n)
-        _ms_normalize_kernel[(triton.cdiv(B, block_r) * triton.cdiv(C, block_n),)](
-            out, m, inv_l, B, C, out.stride(0), BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
+        launch(_ms_normalize_kernel, (triton.cdiv(B, block_r) * triton.cdiv(C, block_n),), out, m,
+               inv_l, B, C, out.stride(0), BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
     else:
-        _ms_probs_kernel[grid](x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
-                               HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
-                               BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args, **launch)
+        launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
+               HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k,
+               GROUP_B=GROUP, **dot_args, **options)
     return out
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_pow2, check_same, check_tensor, empty
+from ._common import check_pow2, check_same, check_tensor, empty, launch
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -118,10 +118,9 @@ def _bmm(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, input_precisio
     n = b.shape[2]
     c = empty((batch, m, n), a.dtype, a.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
-    _bmm_kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), float(alpha),
-                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                      INPUT_PRECISION=input_precision, UPCAST=_upcast_bf16(a.dtype),
-                      num_warps=num_warps, num_stages=num_stages)
+    launch(_bmm_kernel, grid, a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), float(alpha),
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, INPUT_PRECISION=input_precision,
+           UPCAST=_upcast_bf16(a.dtype), num_warps=num_warps, num_stages=num_stages)
     return c
 
 
@@ -189,11 +188,10 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
         return trivial
     out = empty((batch, d1, d3), x.dtype, x.device)
     grid = (triton.cdiv(d1, block_1), triton.cdiv(d3, block_3), batch)
-    _softmax_matmul_kernel[grid](x, v, out, d1, d2, d3, *x.stride(), *v.stride(), *out.stride(),
-                                 BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3,
-                                 INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
-                                 num_warps=num_warps,
-                                 num_stages=num_stages)
+    launch(_softmax_matmul_kernel, grid, x, v, out, d1, d2, d3, *x.stride(), *v.stride(),
+           *out.stride(), BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3,
+           INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype), num_warps=num_warps,
+           num_stages=num_stages)
     return out
 
 

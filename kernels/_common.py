@@ -316,10 +316,6 @@ class _Launches:
 _LAUNCHES: dict[int, _Launches] = {}
 
 
-def _hook_idle(hook) -> bool:
-    return hook is None or (hook.__class__ is HookChain and not hook.calls)
-
-
 def launch(kernel, grid, *args, **kwargs):
     """`kernel[grid](*args, **kwargs)`, straight through the compiled kernel's launcher once
     Triton has compiled the kernel for this specialisation; returns the compiled kernel, as
@@ -337,9 +333,12 @@ def launch(kernel, grid, *args, **kwargs):
     if not FAST_LAUNCH or len(args) != state.n_runtime or grid.__class__ is not tuple:
         return kernel[grid](*args, **kwargs)
     runtime = knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
     if (runtime.debug or kernel.debug or knobs.compilation.instrumentation_mode
-            or kernel.pre_run_hooks or not _hook_idle(runtime.launch_enter_hook)
-            or not _hook_idle(runtime.launch_exit_hook)):
+            or kernel.pre_run_hooks
+            # Triton's default hooks are empty HookChains (its profiler adds to them).
+            or (enter is not None and (enter.__class__ is not HookChain or enter.calls))
+            or (exit_ is not None and (exit_.__class__ is not HookChain or exit_.calls))):
         return kernel[grid](*args, **kwargs)
     spec = specialization_key(args)
     if spec is None:

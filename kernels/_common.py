@@ -22,6 +22,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 _poison = False
 
@@ -39,6 +41,15 @@ def poisoned_outputs(enabled: bool = True):
 
 def empty(shape, dtype, device) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype, device=device)
+    if _poison:
+        out.fill_(math.nan)
+    return out
+
+
+def empty_like(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of x's shape, dtype and device, as `empty` makes it; costs the
+    host about half of `empty(x.shape, x.dtype, x.device)` (no shape, dtype, device to parse)."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if _poison:
         out.fill_(math.nan)
     return out
@@ -189,6 +200,91 @@ def default_warps(block: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
+# Plans and checks, remembered. A public function checks its inputs and plans its launches on
+# every call: for small tensors that Python costs more than the kernel runs. `cached` remembers
+# the outcome per key: whatever the checks and the plan read (shapes, dtypes, devices, contiguity
+# or strides, the options).
+
+# Entries a cache holds; a full cache is emptied and refills.
+PLAN_CACHE_MAX = 4096
+_PLAN_CACHES: list[dict] = []
+_plans_made_with = None  # the SM_COUNT_OVERRIDE the cached plans saw
+
+
+def layout_key(tensors, options=()) -> tuple | None:
+    """The key for `cached` of the tensors' layouts (shape, dtype, device, and strides unless
+    contiguous; None for None) and the options; None (compute without the cache) where a tensor
+    is not a plain tensor (a subclass, a number) or an option is not None, an int or a str (a
+    16.0 or a True must not find 16's entry and skip the check that refuses it)."""
+    key = []
+    append = key.append
+    for t in tensors:
+        if t is None:
+            append(None)
+            continue
+        cls = t.__class__
+        if cls is not _Tensor and cls is not _Parameter:
+            return None
+        append(t.shape)
+        append(t.dtype)
+        append(t.device)
+        append(None if t.is_contiguous() else t.stride())
+    for o in options:
+        if o is not None and o.__class__ is not int and o.__class__ is not str:
+            return None
+        append(o)
+    return tuple(key)
+
+
+def plan_strides(t) -> tuple:
+    """t's strides as a plan cached under `layout_key` can hold them: a non-contiguous t's (the
+    key holds them), a contiguous t's as torch.empty makes them (the key holds its shape). A
+    contiguous t may have other strides on its size-1 dims, which the kernels multiply by 0 only:
+    they read the same elements."""
+    if not t.is_contiguous():
+        return t.stride()
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def plan_cache() -> dict:
+    """A new cache for `cached` (emptied with the others when SM_COUNT_OVERRIDE changes)."""
+    cache: dict = {}
+    _PLAN_CACHES.append(cache)
+    return cache
+
+
+def cached(cache: dict, key, compute, *args):
+    """cache[key], else compute(*args), remembered under key.
+
+    compute must depend on nothing but what key holds, and on SM_COUNT_OVERRIDE (a change
+    empties every cache). It raises on inputs it refuses: nothing is remembered then, so such
+    inputs raise on every call. A key of None, or one that cannot be hashed (symbolic sizes
+    while tracing), computes every time."""
+    global _plans_made_with
+    if key is None:
+        return compute(*args)
+    if SM_COUNT_OVERRIDE != _plans_made_with:
+        for c in _PLAN_CACHES:
+            c.clear()
+        _plans_made_with = SM_COUNT_OVERRIDE
+    try:
+        return cache[key]
+    except KeyError:
+        pass
+    except TypeError:
+        return compute(*args)
+    value = compute(*args)
+    if len(cache) >= PLAN_CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
 # Launching at the floor.
 #
 # `kernel[grid](...)` runs Triton's JITFunction.run on every call: it binds the arguments and
@@ -207,8 +303,6 @@ FAST_LAUNCH_MAX_ENTRIES = 1024
 # specialization_key and launch mirror Triton 3.6's JITFunction.run: other versions take the
 # normal path.
 _TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
-_Tensor = torch.Tensor
-_Parameter = torch.nn.Parameter
 _MISSING = object()
 
 
@@ -379,6 +473,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "INTERPRETER_SM_COUNT",
     "as_rows",
+    "cached",
     "cdiv",
     "check_contiguous",
     "check_pow2",
@@ -388,13 +483,17 @@ __all__ = [
     "default_warps",
     "dot",
     "empty",
+    "empty_like",
     "interpreting",
     "is_fake",
     "launch",
+    "layout_key",
     "next_pow2",
+    "plan_cache",
     "poisoned_outputs",
     "sm_count_of",
     "specialization_key",
+    "plan_strides",
     "triton",
     "upcast_bf16",
 ]

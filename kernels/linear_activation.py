@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
 
-from ._common import check_pow2, default_warps, empty, launch
+from ._common import cdiv, check_pow2, default_warps, empty, launch
 from .matmul_core import ACTIVATIONS, _activation_kernel, _check_operands, _gemm, _precision
 
 
@@ -73,7 +72,7 @@ def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precisi
           num_stages)
     block = check_pow2("block", 2048 if block is None else block)
     if h.numel():
-        launch(_activation_kernel, (triton.cdiv(h.numel(), block),), h, out, h.numel(),
+        launch(_activation_kernel, (cdiv(h.numel(), block),), h, out, h.numel(),
                ACTIVATION=activation, BLOCK=block, num_warps=default_warps(block))
     return out
 

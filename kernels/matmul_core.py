@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRETER_SM_COUNT, check_pow2, check_same, check_tensor, check_warps,
-                      empty, launch, sm_count_of)
+from ._common import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
+                      check_warps, empty, launch, next_pow2, sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -169,7 +169,7 @@ def _precision_class(dtype, precision):
 
 def _pow2(n, lo, hi):
     """The power of two covering n, clamped to [lo, hi]."""
-    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+    return max(lo, min(hi, next_pow2(max(int(n), 1))))
 
 
 def _launch_opts(num_warps, num_stages):
@@ -198,7 +198,7 @@ def gemm_config(M, N, K, dtype, precision, sm_count=INTERPRETER_SM_COUNT) -> Gem
     else:
         bm, bn, bk, warps = 64, 128, 32, 4
     bm, bn, bk = _pow2(M, 16, bm), _pow2(N, 16, bn), _pow2(K, 16, bk)
-    while triton.cdiv(M, bm) * triton.cdiv(N, bn) < sm_count and max(bm, bn) > 64:
+    while cdiv(M, bm) * cdiv(N, bn) < sm_count and max(bm, bn) > 64:
         if bn >= bm:
             bn //= 2
         else:
@@ -222,7 +222,7 @@ def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k
                                  cfg.num_stages if num_stages is None else num_stages)
     if M == 0 or N == 0:
         return out
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     has_bias = bias is not None
     launch(_matmul_kernel, grid, x, weight, bias if has_bias else x, out, M, N, K, *x.stride(),
            *weight.stride(), bias.stride(0) if has_bias else 0, *out.stride(), HAS_BIAS=has_bias,

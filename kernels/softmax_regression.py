@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETER_SM_COUNT, check_pow2, empty, launch, sm_count_of
+from ._common import INTERPRETER_SM_COUNT, cdiv, check_pow2, empty, launch, sm_count_of
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
@@ -258,7 +258,7 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         # One program per row block: with few rows, smaller blocks so the grid covers the SMs.
         # Measured on the H100 (NOTES.md): this helps float32 (1024 x 1024 x 100: 114 -> 41 us)
         # but hurts float16 (58 -> 213 us), so float16 keeps its large blocks.
-        while not half and triton.cdiv(B, bb) < sm_count and bb > 16:
+        while not half and cdiv(B, bb) < sm_count and bb > 16:
             bb //= 2
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
@@ -295,7 +295,7 @@ def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
     if weight.stride(1) != 1 or pitch % 16 == 0 or B < 4096:
         return weight
     per_row = 16 // weight.element_size()
-    padded = torch.zeros(weight.shape[0], triton.cdiv(weight.shape[1], per_row) * per_row,
+    padded = torch.zeros(weight.shape[0], cdiv(weight.shape[1], per_row) * per_row,
                          dtype=weight.dtype, device=weight.device)
     padded[:, :weight.shape[1]] = weight
     return padded[:, :weight.shape[1]]
@@ -333,13 +333,13 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
                BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
         return out
     if plan.method == TILED:
-        launch(_ms_tiled_kernel, (triton.cdiv(B, plan.block_b),), x, weight, bias_arg, out, B, C, K,
+        launch(_ms_tiled_kernel, (cdiv(B, plan.block_b),), x, weight, bias_arg, out, B, C, K,
                *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
                BLOCK_K=plan.block_k, **dot_args, **options)
         return out
     # online / two_pass_store: per-(row, C tile) partials, combined per row.
-    n_tiles = triton.cdiv(C, plan.block_c)
-    grid = (triton.cdiv(B, plan.block_b) * n_tiles,)
+    n_tiles = cdiv(C, plan.block_c)
+    grid = (cdiv(B, plan.block_b) * n_tiles,)
     m_part = empty((B, n_tiles), torch.float32, x.device)
     l_part = empty((B, n_tiles), torch.float32, x.device)
     store = plan.method == TWO_PASS_STORE
@@ -349,12 +349,12 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     m = empty((B,), torch.float32, x.device)
     inv_l = empty((B,), torch.float32, x.device)
     block_t = _pow2(n_tiles, 16, 128)
-    launch(_ms_combine_kernel, (triton.cdiv(B, 32),), m_part, l_part, m, inv_l, B, n_tiles,
+    launch(_ms_combine_kernel, (cdiv(B, 32),), m_part, l_part, m, inv_l, B, n_tiles,
            BLOCK_R=32, BLOCK_T=block_t, num_warps=4)
     if store:
         block_n = _pow2(C, 16, 1024)
         block_r = max(1, 8192 // block_n)
-        launch(_ms_normalize_kernel, (triton.cdiv(B, block_r) * triton.cdiv(C, block_n),), out, m,
+        launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
                inv_l, B, C, out.stride(0), BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,

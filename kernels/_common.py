@@ -306,18 +306,21 @@ _TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
 _MISSING = object()
 
 
-def specialization_key(args) -> tuple | None:
+def specialization_key(args, prefix=()) -> tuple | None:
     """A key for what Triton 3.6 specialises a kernel on, given its runtime (not constexpr)
     arguments in order: two calls with equal keys get the same specialisation. None for an
-    argument of a kind not handled here (the caller then launches through Triton).
+    argument of a kind not handled here (the caller then launches through Triton). `prefix`
+    starts the key (launch puts the device and the keywords there).
 
     Triton (the binder of runtime/jit.py, native_specialize_impl of python/src/specialize.cc)
     types a tensor by its dtype and marks it when data_ptr() is a multiple of 16; makes an int
     equal to 1 a constexpr, types other ints i32, i64 or u64 by range and marks them when divisible
     by 16; types a float fp32 (any value), a bool u1, None a constexpr. This key records all of
     that for every argument, also where a parameter's `do_not_specialize` or annotation makes
-    Triton ignore part of it: finer than Triton's, never coarser."""
-    key = []
+    Triton ignore part of it: finer than Triton's, never coarser. (Read in order, it is
+    unambiguous: a dtype is always followed by its alignment, and no other entry equals a dtype,
+    a keyword's (name, value) pair or another kind's entry.)"""
+    key = list(prefix)
     append = key.append
     for a in args:
         cls = a.__class__
@@ -325,10 +328,8 @@ def specialization_key(args) -> tuple | None:
             append(a.dtype)
             append(not a.data_ptr() & 15)
         elif cls is int:
-            if a == 1:
-                append("1")
-            elif -0x80000000 <= a <= 0x7FFFFFFF:
-                append("i32" if a & 15 else "i32:16")
+            if -0x80000000 <= a <= 0x7FFFFFFF:
+                append("1" if a == 1 else "i32" if a & 15 else "i32:16")
             elif -0x8000000000000000 <= a <= 0x7FFFFFFFFFFFFFFF:
                 append("i64" if a & 15 else "i64:16")
             elif 0 < a <= 0xFFFFFFFFFFFFFFFF:
@@ -415,8 +416,8 @@ def launch(kernel, grid, *args, **kwargs):
     Triton has compiled the kernel for this specialisation; returns the compiled kernel, as
     kernel[grid] does.
 
-    The key (`specialization_key` of args, the device, every keyword: constexprs and options such
-    as num_warps) holds everything Triton keys its compiled kernels on. The fast path needs the
+    The key (the device, every keyword: constexprs and options such as num_warps, then
+    `specialization_key` of args) holds everything Triton keys its compiled kernels on. The fast path needs the
     runtime arguments positional and the constexprs by keyword (as kernels/ passes them), a tuple
     grid, Triton 3.6, and nothing unusual: no launch or pre-run hooks, no debug or instrumentation
     mode, not the interpreter, the kernel's globals unchanged. Anything else goes through
@@ -434,12 +435,11 @@ def launch(kernel, grid, *args, **kwargs):
             or (enter is not None and (enter.__class__ is not HookChain or enter.calls))
             or (exit_ is not None and (exit_.__class__ is not HookChain or exit_.calls))):
         return kernel[grid](*args, **kwargs)
-    spec = specialization_key(args)
-    if spec is None:
-        return kernel[grid](*args, **kwargs)
     active = driver.active
     device = active.get_current_device()  # what JITFunction.run keys its caches on
-    key = (device, tuple(kwargs.items()), spec)
+    key = specialization_key(args, (device, *kwargs.items()))
+    if key is None:
+        return kernel[grid](*args, **kwargs)
     try:
         entry = state.compiled.get(key)
     except TypeError:  # an unhashable keyword value

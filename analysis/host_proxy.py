@@ -1,7 +1,7 @@
 """A CPU proxy of the per-call host cost of the public ops: their Python, and Triton's launch path
 down to the C launcher, without a GPU.
 
-    python -m triton_fusion_report.analysis.host_proxy [--calls N]
+    python -m triton_fusion_report.analysis.host_proxy [--calls N] [--check]
 
 `simulated_gpu()` lets Triton's own JITFunction.run work on a machine without one: a stand-in
 driver (device 0, a fake stream, an sm_90 target), and compiled kernels that are never compiled,
@@ -14,6 +14,7 @@ a public op on tiny CPU tensors is its host cost minus the C launch and minus CU
 - `with launch`: JITFunction.run for real (or the fast path of kernels._common.launch, when that
   exists and is on) down to a no-op launcher.
 Run the same file with PYTHONPATH at another checkout to compare (it imports only the package).
+--check instead compares each op's launches with the fast path off and on (`check_fast_path`).
 The tests use `simulated_gpu` to run `launch` against Triton's real run (tests/test_launch.py).
 """
 from __future__ import annotations
@@ -191,13 +192,78 @@ def measure(calls: int = 2000) -> list[tuple[str, float, float]]:
     return rows
 
 
+def _describe(record):
+    """A launch as the C launcher gets it, minus the launch metadata and hooks (None on the fast
+    path, empty hook chains on Triton's): tensors by layout and 16-byte alignment."""
+    import torch
+
+    def arg(a):
+        if isinstance(a, torch.Tensor):
+            return ("tensor", tuple(a.shape), a.stride(), a.dtype, a.data_ptr() % 16 == 0)
+        return a
+
+    return (record[:9], record[9], tuple(arg(a) for a in record[13:]))
+
+
+def check_fast_path() -> list[str]:
+    """For each public op (the proxy's cases), its launches with the fast path off, then on
+    (after a warm-up call): the same kernels, grids, streams and arguments, and none through
+    JITFunction.run. Returns the problems found."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("the kernels must be JITFunctions: unset TRITON_INTERPRET")
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    from triton_fusion_report.kernels import _common
+
+    knobs.runtime.interpret = True  # (the checks take CPU tensors)
+    problems, calls, runs = [], [], []
+    run = JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(self)
+        return run(self, *args, **kwargs)
+
+    with simulated_gpu(calls):
+        JITFunction.run = counted
+        try:
+            for name, fn in _cases():
+                _common.FAST_LAUNCH = False
+                fn()
+                calls.clear()
+                fn()
+                normal = [_describe(c) for c in calls]
+                _common.FAST_LAUNCH = True
+                fn()
+                calls.clear()
+                runs.clear()
+                fn()
+                fast = [_describe(c) for c in calls]
+                if fast != normal:
+                    problems.append(f"{name}: fast path launches {fast} != {normal}")
+                if runs:
+                    problems.append(f"{name}: {len(runs)} launches through JITFunction.run "
+                                    f"after warm-up ({', '.join(k.fn.__name__ for k in runs)})")
+        finally:
+            JITFunction.run = run
+            _common.FAST_LAUNCH = True
+    return problems
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.host_proxy",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000, help="calls a batch (25 batches)")
+    ap.add_argument("--check", action="store_true",
+                    help="instead: check that each op's launches take the fast path unchanged")
     args = ap.parse_args(argv)
     from triton_fusion_report.kernels import _common
+
+    if args.check:
+        problems = check_fast_path()
+        print("\n".join(problems) or "fast path: every op's launches as the normal path's")
+        return 1 if problems else 0
 
     mode = ("fast launch " + ("on" if _common.FAST_LAUNCH else "off")
             if hasattr(_common, "launch") else "no fast launch in this checkout")

@@ -2,7 +2,11 @@
 JITFunction.run (real binder, cache key, launch arguments; only the compiler and the C launcher
 are stand-ins: analysis.host_proxy.simulated_gpu)."""
 import itertools
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -280,3 +284,15 @@ def test_a_full_table_empties_and_refills(gpu, count_runs, monkeypatch):
     assert count_runs["runs"] == 6
     calls = [(0, (1,), args, dict(kwargs, BLOCK=b)) for b in (16, 32, 64, 16, 32, 64)]
     _check_launches(gpu, kernel, calls)
+
+
+def test_every_public_op_takes_the_fast_path_with_the_normal_paths_arguments():
+    """In a process where the kernels are JITFunctions (no interpreter), under simulated_gpu:
+    each public op's launches after a warm-up call skip JITFunction.run and pass the C launcher
+    what the normal path passes (analysis.host_proxy --check)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-m", "triton_fusion_report.analysis.host_proxy",
+                           "--check"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -1,9 +1,13 @@
-"""Input checks and output allocation shared by every kernel family.
+"""Input checks, output allocation and launching shared by every kernel family.
 
 Every public kernel checks its inputs here and raises an error that names the problem, instead of
-launching on something it cannot handle. Outputs are allocated through `empty`, which fills them
-with NaN while `poisoned_outputs()` is active, so a test (or the sweep's correctness check) sees any
-element a kernel forgot to write.
+launching on something it cannot handle. Outputs are allocated through `empty` (or `empty_like`),
+which fills them with NaN while `poisoned_outputs()` is active, so a test (or the sweep's
+correctness check) sees any element a kernel forgot to write.
+
+Small calls are host-bound, so two things keep the host's work per call short: `cached` remembers
+a family's checks and plan per input layout (`layout_key`), and `launch` sends a kernel's repeated
+launches straight to its compiled kernel (see "Launching at the floor" below).
 """
 from __future__ import annotations
 
@@ -417,11 +421,11 @@ def launch(kernel, grid, *args, **kwargs):
     kernel[grid] does.
 
     The key (the device, every keyword: constexprs and options such as num_warps, then
-    `specialization_key` of args) holds everything Triton keys its compiled kernels on. The fast path needs the
-    runtime arguments positional and the constexprs by keyword (as kernels/ passes them), a tuple
-    grid, Triton 3.6, and nothing unusual: no launch or pre-run hooks, no debug or instrumentation
-    mode, not the interpreter, the kernel's globals unchanged. Anything else goes through
-    kernel[grid], as does the first call of each key."""
+    `specialization_key` of args) holds everything Triton keys its compiled kernels on. The fast
+    path needs the runtime arguments positional and the constexprs by keyword (as kernels/ passes
+    them), a tuple grid, Triton 3.6, and nothing unusual: no launch or pre-run hooks, no debug or
+    instrumentation mode, not the interpreter, the kernel's globals unchanged. Anything else goes
+    through kernel[grid], as does the first call of each key."""
     state = _LAUNCHES.get(id(kernel))
     if state is None:
         state = _LAUNCHES[id(kernel)] = _Launches(kernel)
@@ -490,10 +494,10 @@ __all__ = [
     "layout_key",
     "next_pow2",
     "plan_cache",
+    "plan_strides",
     "poisoned_outputs",
     "sm_count_of",
     "specialization_key",
-    "plan_strides",
     "triton",
     "upcast_bf16",
 ]

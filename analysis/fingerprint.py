@@ -27,10 +27,15 @@ def _describe(value):
 
 
 def _record_launches(log: list):
-    """Patch JITFunction.run so that every launch is appended to `log`; returns the undo."""
+    """Patch JITFunction.run so that every launch is appended to `log`; returns the undo. The
+    kernels' fast launch path (kernels._common.launch) skips JITFunction.run after a kernel's
+    first launch, so it is off while recording."""
     from triton.runtime.jit import JITFunction
 
-    original = JITFunction.run
+    from ..kernels import _common
+
+    original, fast = JITFunction.run, _common.FAST_LAUNCH
+    _common.FAST_LAUNCH = False
 
     def run(self, *args, grid, warmup, **kwargs):
         if not warmup:
@@ -41,7 +46,12 @@ def _record_launches(log: list):
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     JITFunction.run = run
-    return lambda: setattr(JITFunction, "run", original)
+
+    def undo():
+        JITFunction.run = original
+        _common.FAST_LAUNCH = fast
+
+    return undo
 
 
 def _digest(out) -> str:

@@ -1,21 +1,33 @@
-"""Input checks and output allocation shared by every kernel family.
+"""Input checks, output allocation and launching shared by every kernel family.
 
 Every public kernel checks its inputs here and raises an error that names the problem, instead of
-launching on something it cannot handle. Outputs are allocated through `empty`, which fills them
-with NaN while `poisoned_outputs()` is active, so a test (or the sweep's correctness check) sees any
-element a kernel forgot to write.
+launching on something it cannot handle. Outputs are allocated through `empty` (or `empty_like`),
+which fills them with NaN while `poisoned_outputs()` is active, so a test (or the sweep's
+correctness check) sees any element a kernel forgot to write.
+
+Small calls are host-bound, so two things keep the host's work per call short: `cached` remembers
+a family's checks and plan per input layout (`layout_key`), and `launch` sends a kernel's repeated
+launches straight to its compiled kernel (see "Launching at the floor" below).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.compiler import CompiledKernel
+from triton.knobs import HookChain
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 _poison = False
 
@@ -38,10 +50,17 @@ def empty(shape, dtype, device) -> torch.Tensor:
     return out
 
 
+def empty_like(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of x's shape, dtype and device, as `empty` makes it; costs the
+    host about half of `empty(x.shape, x.dtype, x.device)` (no shape, dtype, device to parse)."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if _poison:
+        out.fill_(math.nan)
+    return out
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    from triton import knobs
-
     return bool(knobs.runtime.interpret)
 
 
@@ -183,10 +202,282 @@ def default_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
+
+# ------------------------------------------------------------------------------------------------
+# Plans and checks, remembered. A public function checks its inputs and plans its launches on
+# every call: for small tensors that Python costs more than the kernel runs. `cached` remembers
+# the outcome per key: whatever the checks and the plan read (shapes, dtypes, devices, contiguity
+# or strides, the options).
+
+# Entries a cache holds; a full cache is emptied and refills.
+PLAN_CACHE_MAX = 4096
+_PLAN_CACHES: list[dict] = []
+_plans_made_with = None  # the SM_COUNT_OVERRIDE the cached plans saw
+
+
+def layout_key(tensors, options=()) -> tuple | None:
+    """The key for `cached` of the tensors' layouts (shape, dtype, device, and strides unless
+    contiguous; None for None) and the options; None (compute without the cache) where a tensor
+    is not a plain tensor (a subclass, a number) or an option is not None, an int or a str (a
+    16.0 or a True must not find 16's entry and skip the check that refuses it)."""
+    key = []
+    append = key.append
+    for t in tensors:
+        if t is None:
+            append(None)
+            continue
+        cls = t.__class__
+        if cls is not _Tensor and cls is not _Parameter:
+            return None
+        append(t.shape)
+        append(t.dtype)
+        append(t.device)
+        append(None if t.is_contiguous() else t.stride())
+    for o in options:
+        if o is not None and o.__class__ is not int and o.__class__ is not str:
+            return None
+        append(o)
+    return tuple(key)
+
+
+def plan_strides(t) -> tuple:
+    """t's strides as a plan cached under `layout_key` can hold them: a non-contiguous t's (the
+    key holds them), a contiguous t's as torch.empty makes them (the key holds its shape). A
+    contiguous t may have other strides on its size-1 dims, which the kernels multiply by 0 only:
+    they read the same elements."""
+    if not t.is_contiguous():
+        return t.stride()
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def plan_cache() -> dict:
+    """A new cache for `cached` (emptied with the others when SM_COUNT_OVERRIDE changes)."""
+    cache: dict = {}
+    _PLAN_CACHES.append(cache)
+    return cache
+
+
+def cached(cache: dict, key, compute, *args):
+    """cache[key], else compute(*args), remembered under key.
+
+    compute must depend on nothing but what key holds, and on SM_COUNT_OVERRIDE (a change
+    empties every cache). It raises on inputs it refuses: nothing is remembered then, so such
+    inputs raise on every call. A key of None, or one that cannot be hashed (symbolic sizes
+    while tracing), computes every time."""
+    global _plans_made_with
+    if key is None:
+        return compute(*args)
+    if SM_COUNT_OVERRIDE != _plans_made_with:
+        for c in _PLAN_CACHES:
+            c.clear()
+        _plans_made_with = SM_COUNT_OVERRIDE
+    try:
+        return cache[key]
+    except KeyError:
+        pass
+    except TypeError:
+        return compute(*args)
+    value = compute(*args)
+    if len(cache) >= PLAN_CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# Launching at the floor.
+#
+# `kernel[grid](...)` runs Triton's JITFunction.run on every call: it binds the arguments and
+# specialises them, builds a cache key (with str() of the options), looks the compiled kernel up,
+# checks the kernel's globals, builds launch metadata for the hooks and only then calls the
+# compiled kernel's launcher: 11-19 us of host time a call on an H100 machine, more than a small
+# kernel runs. `launch` makes the first call of each specialisation through kernel[grid] unchanged,
+# keeps the compiled kernel it returns, and sends later calls of the same specialisation straight
+# to that kernel's launcher with the arguments JITFunction.run would pass.
+
+# Off: TRITON_FUSION_FAST_LAUNCH=0 in the environment, or `_common.FAST_LAUNCH = False` at run time
+# (every launch then goes through kernel[grid]).
+FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
+# Compiled kernels remembered per JITFunction; a full table is emptied and refills.
+FAST_LAUNCH_MAX_ENTRIES = 1024
+# specialization_key and launch mirror Triton 3.6's JITFunction.run: other versions take the
+# normal path.
+_TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
+_MISSING = object()
+
+
+def specialization_key(args, prefix=()) -> tuple | None:
+    """A key for what Triton 3.6 specialises a kernel on, given its runtime (not constexpr)
+    arguments in order: two calls with equal keys get the same specialisation. None for an
+    argument of a kind not handled here (the caller then launches through Triton). `prefix`
+    starts the key (launch puts the device and the keywords there).
+
+    Triton (the binder of runtime/jit.py, native_specialize_impl of python/src/specialize.cc)
+    types a tensor by its dtype and marks it when data_ptr() is a multiple of 16; makes an int
+    equal to 1 a constexpr, types other ints i32, i64 or u64 by range and marks them when divisible
+    by 16; types a float fp32 (any value), a bool u1, None a constexpr. This key records all of
+    that for every argument, also where a parameter's `do_not_specialize` or annotation makes
+    Triton ignore part of it: finer than Triton's, never coarser. (Read in order, it is
+    unambiguous: a dtype is always followed by its alignment, and no other entry equals a dtype,
+    a keyword's (name, value) pair or another kind's entry.)"""
+    key = list(prefix)
+    append = key.append
+    for a in args:
+        cls = a.__class__
+        if cls is _Tensor or cls is _Parameter:
+            append(a.dtype)
+            append(not a.data_ptr() & 15)
+        elif cls is int:
+            if -0x80000000 <= a <= 0x7FFFFFFF:
+                append("1" if a == 1 else "i32" if a & 15 else "i32:16")
+            elif -0x8000000000000000 <= a <= 0x7FFFFFFFFFFFFFFF:
+                append("i64" if a & 15 else "i64:16")
+            elif 0 < a <= 0xFFFFFFFFFFFFFFFF:
+                append("u64" if a & 15 else "u64:16")
+            else:
+                return None  # Triton raises OverflowError: let it
+        elif cls is float:
+            append("fp32")
+        elif cls is bool:
+            append("u1")
+        elif a is None:
+            append(None)
+        else:
+            return None
+    return tuple(key)
+
+
+class _Compiled:
+    """One compiled kernel and what its launcher needs besides the runtime arguments."""
+
+    __slots__ = ("kernel", "launcher", "direct", "function", "packed_metadata", "coop", "pdl",
+                 "constexprs", "globals")
+
+    def __init__(self, kernel, launcher, direct, constexprs, globals_):
+        self.kernel = kernel
+        self.launcher = launcher
+        self.direct = direct
+        self.function = kernel.function
+        self.packed_metadata = kernel.packed_metadata
+        self.coop = getattr(launcher, "launch_cooperative_grid", None)
+        self.pdl = getattr(launcher, "launch_pdl", None)
+        self.constexprs = constexprs
+        self.globals = globals_
+
+
+class _Launches:
+    """What `launch` keeps for one kernel: where its constexpr parameters start (-1: never the
+    fast path) and the compiled kernels by key."""
+
+    __slots__ = ("kernel", "n_runtime", "constexpr_names", "compiled")
+
+    def __init__(self, kernel):
+        self.kernel = kernel  # a reference, so that id(kernel) stays this kernel's
+        self.n_runtime, self.constexpr_names, self.compiled = -1, (), {}
+        if not _TRITON_MATCHES or type(kernel) is not JITFunction:  # e.g. the interpreter's
+            return
+        params = kernel.params
+        n = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
+        # The launcher's arguments are the runtime ones (positional) then the constexprs (by
+        # keyword): kernels whose constexprs are not all at the end keep the normal path.
+        if all(p.is_constexpr for p in params[n:]):
+            self.n_runtime = n
+            self.constexpr_names = tuple(p.name for p in params[n:])
+
+    def remember(self, key, compiled, kwargs) -> None:
+        if not isinstance(compiled, CompiledKernel) or compiled.function is None:
+            return
+        try:
+            constexprs = tuple(kwargs[name] for name in self.constexpr_names)
+        except KeyError:  # a constexpr left to its default: keep the normal path
+            return
+        launcher = compiled.run
+        # CudaLauncher.__call__ only adds the scratch buffers (None when their size is 0) and
+        # the launch flags before calling its C `launch`: call that directly where it can.
+        direct = (type(launcher).__name__ == "CudaLauncher"
+                  and getattr(launcher, "global_scratch_size", None) == 0
+                  and getattr(launcher, "profile_scratch_size", None) == 0
+                  and all(hasattr(launcher, a) for a in ("launch", "launch_cooperative_grid",
+                                                         "launch_pdl")))
+        # JITFunction.run raises if a global the kernel read has changed since it compiled; it
+        # just passed that check, so the objects bound now are the right ones.
+        globals_ = tuple((g, name, g.get(name, _MISSING))
+                         for (name, _), (_, g) in self.kernel.used_global_vals.items())
+        if len(self.compiled) >= FAST_LAUNCH_MAX_ENTRIES:
+            self.compiled.clear()
+        self.compiled[key] = _Compiled(compiled, launcher, direct, constexprs, globals_)
+
+
+_LAUNCHES: dict[int, _Launches] = {}
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """`kernel[grid](*args, **kwargs)`, straight through the compiled kernel's launcher once
+    Triton has compiled the kernel for this specialisation; returns the compiled kernel, as
+    kernel[grid] does.
+
+    The key (the device, every keyword: constexprs and options such as num_warps, then
+    `specialization_key` of args) holds everything Triton keys its compiled kernels on. The fast
+    path needs the runtime arguments positional and the constexprs by keyword (as kernels/ passes
+    them), a tuple grid, Triton 3.6, and nothing unusual: no launch or pre-run hooks, no debug or
+    instrumentation mode, not the interpreter, the kernel's globals unchanged. Anything else goes
+    through kernel[grid], as does the first call of each key."""
+    state = _LAUNCHES.get(id(kernel))
+    if state is None:
+        state = _LAUNCHES[id(kernel)] = _Launches(kernel)
+    if not FAST_LAUNCH or len(args) != state.n_runtime or grid.__class__ is not tuple:
+        return kernel[grid](*args, **kwargs)
+    runtime = knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if (runtime.debug or kernel.debug or knobs.compilation.instrumentation_mode
+            or kernel.pre_run_hooks
+            # Triton's default hooks are empty HookChains (its profiler adds to them).
+            or (enter is not None and (enter.__class__ is not HookChain or enter.calls))
+            or (exit_ is not None and (exit_.__class__ is not HookChain or exit_.calls))):
+        return kernel[grid](*args, **kwargs)
+    active = driver.active
+    device = active.get_current_device()  # what JITFunction.run keys its caches on
+    key = specialization_key(args, (device, *kwargs.items()))
+    if key is None:
+        return kernel[grid](*args, **kwargs)
+    try:
+        entry = state.compiled.get(key)
+    except TypeError:  # an unhashable keyword value
+        return kernel[grid](*args, **kwargs)
+    if entry is not None:
+        for g, name, value in entry.globals:
+            if g.get(name, _MISSING) is not value:
+                entry = None  # JITFunction.run checks them (and raises if they changed)
+                break
+    if entry is None:
+        compiled = kernel[grid](*args, **kwargs)
+        state.remember(key, compiled, kwargs)
+        return compiled
+    n = len(grid)
+    grid_0 = grid[0]
+    grid_1 = grid[1] if n > 1 else 1
+    grid_2 = grid[2] if n > 2 else 1
+    stream = active.get_current_stream(device)
+    # No hooks are set (checked above): no launch metadata, None for the hooks.
+    if entry.direct:
+        entry.launcher.launch(grid_0, grid_1, grid_2, stream, entry.function, entry.coop,
+                              entry.pdl, None, None, entry.packed_metadata, None, None, None,
+                              *args, *entry.constexprs)
+    else:
+        entry.launcher(grid_0, grid_1, grid_2, stream, entry.function, entry.packed_metadata,
+                       None, None, None, *args, *entry.constexprs)
+    return entry.kernel
+
+
 __all__ = [
     "FLOAT_DTYPES",
     "INTERPRETER_SM_COUNT",
     "as_rows",
+    "cached",
     "cdiv",
     "check_contiguous",
     "check_pow2",
@@ -196,11 +487,17 @@ __all__ = [
     "default_warps",
     "dot",
     "empty",
+    "empty_like",
     "interpreting",
     "is_fake",
+    "launch",
+    "layout_key",
     "next_pow2",
+    "plan_cache",
+    "plan_strides",
     "poisoned_outputs",
     "sm_count_of",
+    "specialization_key",
     "triton",
     "upcast_bf16",
 ]

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (check_contiguous, check_pow2, check_same, check_tensor, check_warps,
-                      default_warps, empty)
+from ._common import (cached, cdiv, check_contiguous, check_pow2, check_same, check_tensor,
+                      check_warps, default_warps, empty_like, launch, layout_key,
+                      plan_cache)
 
 DEFAULT_BLOCK = 2048
 
@@ -97,8 +98,8 @@ def _z_layout(z_shape, z_contiguous, x_shape):
     return Z_FULL, math.prod(x_shape), True
 
 
-def _check_inputs(x, y, z):
-    """Validate, and return (z_tensor, z_scalar, z_period, z_mode)."""
+def _check_layout(x, y, z):
+    """Validate; return (z mode, z period, expand z first)."""
     check_tensor("x", x)
     check_tensor("y", y)
     check_same([("x", x), ("y", y)])
@@ -111,42 +112,74 @@ def _check_inputs(x, y, z):
         check_same([("x", x), ("z", z)])
         key = (tuple(z.shape), z.is_contiguous(), tuple(x.shape))
         try:
-            mode, period, expand = _z_layout(*key)
+            return _z_layout(*key)
         except TypeError:  # symbolic sizes (tracing with dynamic shapes) do not hash
-            mode, period, expand = _z_layout.__wrapped__(*key)
-        if expand:
-            return z.expand(x.shape).contiguous(), 0.0, period, mode
-        return z, 0.0, period, mode
+            return _z_layout.__wrapped__(*key)
     if isinstance(z, bool) or not isinstance(z, numbers.Real):
         raise TypeError(f"z must be a tensor or a real Python number, got {type(z).__name__}")
-    return x, float(z), 1, Z_SCALAR  # x stands in for the unused z pointer
+    return Z_SCALAR, 1, False
+
+
+def _z_args(x, z, mode, expand):
+    """(z tensor, z scalar) for the kernels."""
+    if mode == Z_SCALAR:
+        return x, float(z)  # x stands in for the unused z pointer
+    return (z.expand(x.shape).contiguous() if expand else z), 0.0
+
+
+def _check_inputs(x, y, z):
+    """Validate, and return (z_tensor, z_scalar, z_period, z_mode)."""
+    mode, period, expand = _check_layout(x, y, z)
+    return (*_z_args(x, z, mode, expand), period, mode)
 
 
 def _launch_args(x, block, num_warps):
     block = check_pow2("block", DEFAULT_BLOCK if block is None else block)
     num_warps = default_warps(block) if num_warps is None else check_warps(num_warps)
-    return block, num_warps, (triton.cdiv(x.numel(), block),)
+    return block, num_warps, (cdiv(x.numel(), block),)
+
+
+def _plan(x, y, z, block, num_warps):
+    """The checks, then (z mode, z period, expand z, block, num_warps, grid)."""
+    return (*_check_layout(x, y, z), *_launch_args(x, block, num_warps))
+
+
+_PLANS = plan_cache()
+
+
+def _prepare(x, y, z, block, num_warps):
+    """(z tensor, z scalar, z period, z mode, block, num_warps, grid) of a launch; the checks and
+    the plan remembered per layout of x, y, z (a number z: per type; its value is read every
+    call)."""
+    if isinstance(z, torch.Tensor):
+        key = layout_key((x, y, z), (block, num_warps))
+    else:
+        key = layout_key((x, y), (block, num_warps))
+        key = None if key is None else (key, z.__class__)
+    mode, period, expand, block, num_warps, grid = cached(_PLANS, key, _plan, x, y, z, block,
+                                                          num_warps)
+    return (*_z_args(x, z, mode, expand), period, mode, block, num_warps, grid)
 
 
 def triton_unfused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
     """Two Triton kernels: t = x + y (stored), then out = t * z."""
-    z_t, z_s, period, mode = _check_inputs(x, y, z)
-    block, num_warps, grid = _launch_args(x, block, num_warps)
-    t = empty(x.shape, x.dtype, x.device)
-    out = empty(x.shape, x.dtype, x.device)
-    if x.numel():
-        _add_kernel[grid](x, y, t, x.numel(), BLOCK=block, num_warps=num_warps)
-        _mul_kernel[grid](t, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
-                          num_warps=num_warps)
+    z_t, z_s, period, mode, block, num_warps, grid = _prepare(x, y, z, block, num_warps)
+    t = empty_like(x)
+    out = empty_like(x)
+    n = x.numel()
+    if n:
+        launch(_add_kernel, grid, x, y, t, n, BLOCK=block, num_warps=num_warps)
+        launch(_mul_kernel, grid, t, z_t, z_s, out, n, period, Z_MODE=mode, BLOCK=block,
+               num_warps=num_warps)
     return out
 
 
 def triton_fused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
     """One Triton kernel: out = (x + y) * z, the sum kept in registers, math in float32."""
-    z_t, z_s, period, mode = _check_inputs(x, y, z)
-    block, num_warps, grid = _launch_args(x, block, num_warps)
-    out = empty(x.shape, x.dtype, x.device)
-    if x.numel():
-        _add_mul_kernel[grid](x, y, z_t, z_s, out, x.numel(), period, Z_MODE=mode, BLOCK=block,
-                              num_warps=num_warps)
+    z_t, z_s, period, mode, block, num_warps, grid = _prepare(x, y, z, block, num_warps)
+    out = empty_like(x)
+    n = x.numel()
+    if n:
+        launch(_add_mul_kernel, grid, x, y, z_t, z_s, out, n, period, Z_MODE=mode, BLOCK=block,
+               num_warps=num_warps)
     return out

@@ -23,10 +23,11 @@ import triton
 import triton.language as tl
 
 from . import layernorm_backward as _bwd
-from ._common import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_pow2, check_same,
-                      check_tensor, check_warps, default_warps, empty, next_pow2)
+from ._common import (FLOAT_DTYPES, as_rows, cached, cdiv, check_contiguous, check_pow2,
+                      check_same, check_tensor, check_warps, default_warps, empty, empty_like,
+                      launch, layout_key, next_pow2, plan_cache)
 from .layernorm_backward import BWD_MAX_ONE_TILE, bwd_groups
-from .layernorm_forward import MAX_ONE_TILE, forward
+from .layernorm_forward import MAX_ONE_TILE, fwd_launch, run_forward
 
 UNFUSED_BLOCK = 4096
 
@@ -127,11 +128,15 @@ def _check_inputs(x, weight, bias, eps):
             raise ValueError(f"{name} must have shape ({n_cols},) to match x's last dim, got "
                              f"{tuple(p.shape)}")
         check_contiguous(name, p)
+    _check_eps(eps)
+    return rows, n_rows, n_cols
+
+
+def _check_eps(eps) -> None:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    return rows, n_rows, n_cols
 
 
 def _check_options(block, num_warps, groups=None) -> None:
@@ -144,15 +149,36 @@ def _check_options(block, num_warps, groups=None) -> None:
         raise ValueError(f"groups must be a positive int, got {groups}")
 
 
-def _fused_forward(x, weight, bias, eps, block, num_warps, groups):
-    """(y, per-row float32 mean and rstd) after checking every input and option."""
+def _forward_plan(x, weight, bias, eps, block, num_warps, groups):
+    """Every check, then (n_rows, n_cols, x's row stride, FwdLaunch), or None for an empty x."""
     rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
     _check_options(block, num_warps, groups)
-    y = empty(x.shape, x.dtype, x.device)
     if rows is None:
+        return None
+    # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims); y is
+    # contiguous.
+    x_row_stride = n_cols if x.is_contiguous() else rows.stride(0)
+    return n_rows, n_cols, x_row_stride, fwd_launch(
+        x.dtype, x.device, n_rows, n_cols, x_row_stride, n_cols, weight is not None,
+        bias is not None, block, num_warps)
+
+
+_PLANS = plan_cache()
+
+
+def _fused_forward(x, weight, bias, eps, block, num_warps, groups):
+    """(y, per-row float32 mean and rstd) after checking every input and option; the checks and
+    the plan are remembered per layout of x, weight, bias (eps is a value: checked every call)."""
+    fwd = cached(_PLANS, layout_key((x, weight, bias), (block, num_warps, groups)), _forward_plan,
+                 x, weight, bias, eps, block, num_warps, groups)
+    if eps.__class__ is not float or not eps >= 0.0:
+        _check_eps(eps)
+    y = empty_like(x)
+    if fwd is None:
         return y, torch.empty((2, 0), dtype=torch.float32, device=x.device)
-    return y, forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps,
-                       y.view(n_rows, n_cols))
+    n_rows, n_cols, x_row_stride, how = fwd
+    # x and y are passed as they are: the kernels see their rows through the row strides.
+    return y, run_forward(x, y, n_rows, n_cols, x_row_stride, n_cols, weight, bias, eps, how)
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -208,19 +234,19 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
         return empty(x.shape, x.dtype, x.device)
     mean = empty((n_rows,), torch.float32, x.device)
     var = empty((n_rows,), torch.float32, x.device)
-    _row_mean_kernel[(n_rows,)](rows, mean, n_cols, rows.stride(0), BLOCK=block,
-                                num_warps=num_warps)
-    _row_var_kernel[(n_rows,)](rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
-                               num_warps=num_warps)
+    launch(_row_mean_kernel, (n_rows,), rows, mean, n_cols, rows.stride(0), BLOCK=block,
+           num_warps=num_warps)
+    launch(_row_var_kernel, (n_rows,), rows, mean, var, n_cols, rows.stride(0), BLOCK=block,
+           num_warps=num_warps)
     t = empty(x.shape, x.dtype, x.device)
-    _normalise_kernel[(n_rows, cdiv(n_cols, block))](
-        rows, mean, var, t, n_cols, rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
+    launch(_normalise_kernel, (n_rows, cdiv(n_cols, block)), rows, mean, var, t, n_cols,
+           rows.stride(0), float(eps), BLOCK=block, num_warps=num_warps)
     n = x.numel()
     for scale, p in ((True, weight), (False, bias)):
         if p is not None:
             out = empty(x.shape, x.dtype, x.device)
-            _column_op_kernel[(cdiv(n, block),)](t, p, out, n, n_cols, SCALE=scale, BLOCK=block,
-                                                 num_warps=num_warps)
+            launch(_column_op_kernel, (cdiv(n, block),), t, p, out, n, n_cols, SCALE=scale,
+                   BLOCK=block, num_warps=num_warps)
             t = out
     return t
 

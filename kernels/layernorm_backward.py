@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, empty, next_pow2, sm_count_of
+from ._common import (cached, cdiv, empty, empty_like, launch, layout_key, next_pow2, plan_cache,
+                      sm_count_of)
 
 # Longest row the backward keeps whole in registers (x, dy and two partial-sum rows); wider rows
 # take the split kernel, BWD_SPLIT_BLOCK columns a program.
@@ -269,46 +270,79 @@ def bwd_groups(n_rows: int, device=None) -> int:
     return max(1, min(GROUPS_PER_SM * sms, cdiv(n_rows, MIN_ROWS_PER_GROUP)))
 
 
-def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, db_dtype=None):
-    """(dx, dweight or None, dbias or None) of the fused LayerNorm; dweight in weight's dtype,
-    dbias in db_dtype (the bias's: default x's)."""
-    db_dtype = x.dtype if db_dtype is None else db_dtype
+class _BwdLaunch(NamedTuple):
+    """How `backward` runs one layout (cached): the rows, x's row stride, the plan, the groups,
+    the partial buffers and the column tile of the sum over groups."""
+
+    n_rows: int
+    n_cols: int
+    x_row_stride: int
+    plan: _BwdPlan
+    groups: int
+    n_parts: int
+    block_n: int
+
+
+def _bwd_launch(dy, x, block, num_warps, groups, need_dw, need_db) -> _BwdLaunch | None:
+    """The backward's plan for this layout of x and dy; None where x is empty. Raises where dy
+    cannot be read as x's rows."""
     # x was checked by the forward (this is the host path of every backward call: kept short).
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else math.prod(x.shape[:-1])
-    rows = x.view(n_rows, n_cols) if x.numel() else None
-    dx = empty(x.shape, x.dtype, x.device)
-    if rows is None:  # no rows: dx is empty, the column sums are zeros
-        return (dx, torch.zeros(n_cols, dtype=weight.dtype, device=x.device) if need_dw else None,
-                torch.zeros(n_cols, dtype=db_dtype, device=x.device) if need_db else None)
-    dy2 = dy.contiguous().view(n_rows, n_cols)
-    dx2 = dx.view(n_rows, n_cols)
-    plan = bwd_plan(n_cols, rows.element_size(), block, num_warps)
+    if not x.numel():
+        return None
+    rows = x.view(n_rows, n_cols)
+    dy.contiguous().view(n_rows, n_cols)  # dy holds x's rows (else raises as the view would)
+    plan = bwd_plan(n_cols, x.element_size(), block, num_warps)
     # At most one group a row: every group has rows, so every partial row gets written.
     groups = bwd_groups(n_rows, x.device) if groups is None else min(groups, n_rows)
+    # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims).
+    return _BwdLaunch(n_rows, n_cols, n_cols if x.is_contiguous() else rows.stride(0), plan,
+                      groups, int(need_dw) + int(need_db),
+                      min(128, max(32, next_pow2(n_cols) // 128)))
+
+
+_PLANS = plan_cache()
+
+
+def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, db_dtype=None):
+    """(dx, dweight or None, dbias or None) of the fused LayerNorm; dweight in weight's dtype,
+    dbias in db_dtype (the bias's: default x's). The plan is remembered per layout of x, dy and
+    weight."""
+    db_dtype = x.dtype if db_dtype is None else db_dtype
+    key = layout_key((x, dy, weight), (block, num_warps, groups))
+    how = cached(_PLANS, None if key is None else (key, need_dw, need_db), _bwd_launch, dy, x,
+                 block, num_warps, groups, need_dw, need_db)
+    dx = empty_like(x)
+    if how is None:  # no rows: dx is empty, the column sums are zeros
+        n_cols = x.shape[-1]
+        return (dx, torch.zeros(n_cols, dtype=weight.dtype, device=x.device) if need_dw else None,
+                torch.zeros(n_cols, dtype=db_dtype, device=x.device) if need_db else None)
+    # x, dy and dx are passed as they are (dy and dx contiguous): the kernels see their rows
+    # through the row strides.
+    dy = dy.contiguous()
+    n_rows, n_cols, _, plan, groups, n_parts, block_n = how
     # Partial sums: buffer 0 dweight, then dbias (only those needed); every (group, column) slot
-    # is written by exactly one program.
-    n_parts = int(need_dw) + int(need_db)
-    part = empty((n_parts, groups, n_cols), torch.float32, x.device) if n_parts else rows
+    # is written by exactly one program. (part[0] starts where part does.)
+    part = empty((n_parts, groups, n_cols), torch.float32, x.device) if n_parts else x
     has_w = weight is not None
-    args = (rows, dy2, dx2, weight if has_w else rows, stats, part[0] if need_dw else rows,
-            part[-1] if need_db else rows, n_rows, n_cols, groups, rows.stride(0), dy2.stride(0),
-            dx2.stride(0))
+    args = (x, dy, dx, weight if has_w else x, stats, part if need_dw else x,
+            (part[1] if need_dw else part) if need_db else x, n_rows, n_cols, groups,
+            how.x_row_stride, n_cols, n_cols)
     # No FMA contraction (see the module docstring).
     if plan.one_tile:
-        _ln_bwd_kernel[(groups,)](
-            *args, HAS_W=has_w, DW=need_dw, DB=need_db, ROWS=plan.rows, BLOCK=plan.block,
-            PREFETCH=plan.prefetch, num_warps=plan.num_warps, enable_fp_fusion=False)
+        launch(_ln_bwd_kernel, (groups,), *args, HAS_W=has_w, DW=need_dw, DB=need_db,
+               ROWS=plan.rows, BLOCK=plan.block, PREFETCH=plan.prefetch, num_warps=plan.num_warps,
+               enable_fp_fusion=False)
     else:
-        _ln_bwd_split_kernel[(cdiv(n_cols, plan.block), groups)](
-            *args, HAS_W=has_w, DW=need_dw, DB=need_db, BLOCK=plan.block,
-            num_warps=plan.num_warps, enable_fp_fusion=False)
+        launch(_ln_bwd_split_kernel, (cdiv(n_cols, plan.block), groups), *args, HAS_W=has_w,
+               DW=need_dw, DB=need_db, BLOCK=plan.block, num_warps=plan.num_warps,
+               enable_fp_fusion=False)
     if n_parts == 0:
         return dx, None, None
     dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
     db = empty((n_cols,), db_dtype, x.device) if need_db else None
-    block_n = min(128, max(32, next_pow2(n_cols) // 128))
-    _sum_groups_kernel[(cdiv(n_cols, block_n), n_parts)](
-        part, rows if dw is None else dw, rows if db is None else db, groups, n_cols, DW=need_dw,
-        DB=need_db, BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
+    launch(_sum_groups_kernel, (cdiv(n_cols, block_n), n_parts), part, x if dw is None else dw,
+           x if db is None else db, groups, n_cols, DW=need_dw, DB=need_db,
+           BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)
     return dx, dw, db

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, default_warps, empty, next_pow2, sm_count_of
+from ._common import cdiv, default_warps, empty, launch, next_pow2, sm_count_of
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -231,27 +231,53 @@ def _programs_per_sm(n_regs, smem, num_warps, regs_sm=65536, threads_sm=2048,
     return max(1, fit)
 
 
-def forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
-    """Run the fused forward into the (rows, cols) view y2; return float32 (mean, rstd) rows."""
-    plan = fwd_plan(n_cols, rows.element_size(), block, num_warps)
-    stats = empty((2, n_rows), torch.float32, rows.device)
-    # A stand-in pointer where weight or bias is None (never read: HAS_W/HAS_B are constexpr).
-    args = (rows, y2, rows if weight is None else weight, rows if bias is None else bias, stats,
-            n_rows, n_cols, rows.stride(0), y2.stride(0), float(eps))
-    has_w, has_b = weight is not None, bias is not None
-    if not plan.one_tile:
-        _ln_fwd_loop_kernel[(n_rows,)](*args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
-                                       num_warps=plan.num_warps)
-        return stats
+class FwdLaunch(NamedTuple):
+    """How `run_forward` launches one layout (a caller may cache it): the plan, the row tiles, the
+    SM count and the key of the resident-programs table."""
+
+    plan: _FwdPlan
+    row_tiles: int
+    sms: int
+    resident_key: tuple
+
+
+def fwd_launch(dtype, device, n_rows, n_cols, x_row_stride, y_row_stride, has_w, has_b,
+               block=None, num_warps=None) -> FwdLaunch:
+    plan = fwd_plan(n_cols, dtype.itemsize, block, num_warps)
     # Per compiled variant: Triton specialises on each integer's and pointer's divisibility by 16
     # (which changes the registers: unaligned rows load an element at a time).
-    key = (rows.device, rows.dtype, has_w, has_b, plan, n_rows % 16 == 0, n_cols % 16 == 0,
-           rows.stride(0) % 16 == 0, y2.stride(0) % 16 == 0)
-    per_sm = _RESIDENT.get(key)
-    grid = min(cdiv(n_rows, plan.rows), sm_count_of(rows.device) * (per_sm or 1))
-    compiled = _ln_fwd_kernel[(grid,)](
-        *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows, BLOCK=plan.block,
-        WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch, num_warps=plan.num_warps)
+    key = (device, dtype, has_w, has_b, plan, n_rows % 16 == 0, n_cols % 16 == 0,
+           x_row_stride % 16 == 0, y_row_stride % 16 == 0)
+    return FwdLaunch(plan, cdiv(n_rows, plan.rows), sm_count_of(device), key)
+
+
+def run_forward(x, y, n_rows, n_cols, x_row_stride, y_row_stride, weight, bias, eps,
+                how: FwdLaunch):
+    """Run the fused forward from the rows of x (x_row_stride elements apart) into those of y;
+    return float32 (mean, rstd) rows."""
+    plan = how.plan
+    stats = empty((2, n_rows), torch.float32, x.device)
+    # A stand-in pointer where weight or bias is None (never read: HAS_W/HAS_B are constexpr).
+    args = (x, y, x if weight is None else weight, x if bias is None else bias, stats,
+            n_rows, n_cols, x_row_stride, y_row_stride, float(eps))
+    has_w, has_b = weight is not None, bias is not None
+    if not plan.one_tile:
+        launch(_ln_fwd_loop_kernel, (n_rows,), *args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
+               num_warps=plan.num_warps)
+        return stats
+    per_sm = _RESIDENT.get(how.resident_key)
+    grid = min(how.row_tiles, how.sms * (per_sm or 1))
+    compiled = launch(_ln_fwd_kernel, (grid,), *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows,
+                      BLOCK=plan.block, WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch,
+                      num_warps=plan.num_warps)
     if per_sm is None:
-        _RESIDENT[key] = _resident_programs(compiled, rows.device, plan.num_warps)
+        _RESIDENT[how.resident_key] = _resident_programs(compiled, x.device, plan.num_warps)
     return stats
+
+
+def forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
+    """Run the fused forward into the (rows, cols) view y2; return float32 (mean, rstd) rows."""
+    how = fwd_launch(rows.dtype, rows.device, n_rows, n_cols, rows.stride(0), y2.stride(0),
+                     weight is not None, bias is not None, block, num_warps)
+    return run_forward(rows, y2, n_rows, n_cols, rows.stride(0), y2.stride(0), weight, bias, eps,
+                       how)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
 
-from ._common import check_pow2, default_warps, empty
-from .matmul_core import ACTIVATIONS, _activation_kernel, _check_operands, _gemm, _precision
+from ._common import (cached, cdiv, check_pow2, default_warps, empty, launch, layout_key,
+                      plan_cache)
+from .matmul_core import (ACTIVATIONS, GemmLaunch, _activation_kernel, _check_operands, _gemm,
+                          _precision, gemm_launch, run_gemm)
 
 
 def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
@@ -42,20 +43,34 @@ def _check_activation(activation):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
+def _fused_launch(x, weight, bias, activation, input_precision, block_m, block_n, block_k,
+                  group_m, num_warps, num_stages) -> GemmLaunch:
+    _check_operands(x, weight, bias, "K", "N")
+    _check_activation(activation)
+    precision = _precision(x, input_precision, "tf32")
+    return gemm_launch(x, weight, bias, (weight.shape[1], 1), activation, precision, block_m,
+                       block_n, block_k, group_m, num_warps, num_stages)
+
+
+_PLANS = plan_cache()
+
+
 def linear_act_fused(x, weight, bias=None, activation="gelu", *, input_precision=None,
                      block_m=None, block_n=None, block_k=None, group_m=None, num_warps=None,
                      num_stages=None) -> torch.Tensor:
     """One Triton matmul; bias and activation on the float32 accumulator before the one store.
 
     float32 defaults to input_precision="tf32" (what fast float32 GEMMs use); "ieee" on request.
-    Defaults for the tiles: `gemm_config`.
+    Defaults for the tiles: `gemm_config`. The checks and the plan are remembered per layout of
+    x, weight, bias.
     """
-    _check_operands(x, weight, bias, "K", "N")
-    _check_activation(activation)
-    precision = _precision(x, input_precision, "tf32")
+    options = (activation, input_precision, block_m, block_n, block_k, group_m, num_warps,
+               num_stages)
+    how = cached(_PLANS, layout_key((x, weight, bias), options), _fused_launch, x, weight, bias,
+                 *options)
+    # A new contiguous (M, N) output: the strides the plan passes.
     out = empty((x.shape[0], weight.shape[1]), x.dtype, x.device)
-    return _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
-                 num_warps, num_stages)
+    return run_gemm(x, weight, bias, out, how)
 
 
 def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precision=None,
@@ -73,9 +88,8 @@ def linear_act_unfused(x, weight, bias=None, activation="gelu", *, input_precisi
           num_stages)
     block = check_pow2("block", 2048 if block is None else block)
     if h.numel():
-        _activation_kernel[(triton.cdiv(h.numel(), block),)](h, out, h.numel(),
-                                                            ACTIVATION=activation, BLOCK=block,
-                                                            num_warps=default_warps(block))
+        launch(_activation_kernel, (cdiv(h.numel(), block),), h, out, h.numel(),
+               ACTIVATION=activation, BLOCK=block, num_warps=default_warps(block))
     return out
 
 

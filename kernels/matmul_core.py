@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRETER_SM_COUNT, check_pow2, check_same, check_tensor, check_warps,
-                      empty, sm_count_of)
+from ._common import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
+                      check_warps, empty, launch, next_pow2, plan_strides, sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -169,7 +169,7 @@ def _precision_class(dtype, precision):
 
 def _pow2(n, lo, hi):
     """The power of two covering n, clamped to [lo, hi]."""
-    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+    return max(lo, min(hi, next_pow2(max(int(n), 1))))
 
 
 def _launch_opts(num_warps, num_stages):
@@ -198,7 +198,7 @@ def gemm_config(M, N, K, dtype, precision, sm_count=INTERPRETER_SM_COUNT) -> Gem
     else:
         bm, bn, bk, warps = 64, 128, 32, 4
     bm, bn, bk = _pow2(M, 16, bm), _pow2(N, 16, bn), _pow2(K, 16, bk)
-    while triton.cdiv(M, bm) * triton.cdiv(N, bn) < sm_count and max(bm, bn) > 64:
+    while cdiv(M, bm) * cdiv(N, bn) < sm_count and max(bm, bn) > 64:
         if bn >= bm:
             bn //= 2
         else:
@@ -208,9 +208,20 @@ def gemm_config(M, N, K, dtype, precision, sm_count=INTERPRETER_SM_COUNT) -> Gem
     return GemmConfig(bm, bn, bk, GROUP, warps, 3)
 
 
-def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
-          num_warps, num_stages):
-    """Launch _matmul_kernel: out = act(x @ weight + bias); out is (M, N), any strides."""
+class GemmLaunch(NamedTuple):
+    """How `run_gemm` launches _matmul_kernel for one layout (a caller may cache it): the grid
+    (None: M or N is 0, nothing to launch), the sizes and strides it passes, and the kernel's
+    constexprs and options."""
+
+    grid: tuple | None
+    sizes_strides: tuple  # M, N, K, x's, weight's, bias's and out's strides
+    kwargs: dict
+
+
+def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, block_n, block_k,
+                group_m, num_warps, num_stages) -> GemmLaunch:
+    """The tiles (gemm_config's unless given: checked), grid and arguments of act(x @ weight +
+    bias) into an (M, N) output of out_strides."""
     M, K = x.shape
     N = weight.shape[1]
     cfg = gemm_config(M, N, K, x.dtype, precision, sm_count_of(x.device))
@@ -220,17 +231,30 @@ def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k
     gm = check_pow2("group_m", cfg.group_m if group_m is None else group_m, lo=1)
     warps, stages = _launch_opts(cfg.num_warps if num_warps is None else num_warps,
                                  cfg.num_stages if num_stages is None else num_stages)
-    if M == 0 or N == 0:
-        return out
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     has_bias = bias is not None
-    _matmul_kernel[grid](
-        x, weight, bias if has_bias else x, out, M, N, K, *x.stride(), *weight.stride(),
-        bias.stride(0) if has_bias else 0, *out.stride(), HAS_BIAS=has_bias,
-        ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
-        EVEN_K=K % bk == 0, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
-        num_warps=warps, num_stages=stages)
+    return GemmLaunch(
+        None if M == 0 or N == 0 else (cdiv(M, bm) * cdiv(N, bn),),
+        (M, N, K, *plan_strides(x), *plan_strides(weight),
+         plan_strides(bias)[0] if has_bias else 0, *out_strides),
+        dict(HAS_BIAS=has_bias, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+             GROUP_M=gm, EVEN_K=K % bk == 0, INPUT_PRECISION=precision,
+             UPCAST=_upcast_bf16(x.dtype), num_warps=warps, num_stages=stages))
+
+
+def run_gemm(x, weight, bias, out, how: GemmLaunch):
+    """Launch _matmul_kernel as `how` says: out = act(x @ weight + bias)."""
+    if how.grid is not None:
+        launch(_matmul_kernel, how.grid, x, weight, x if bias is None else bias, out,
+               *how.sizes_strides, **how.kwargs)
     return out
+
+
+def _gemm(x, weight, bias, out, activation, precision, block_m, block_n, block_k, group_m,
+          num_warps, num_stages):
+    """Launch _matmul_kernel: out = act(x @ weight + bias); out is (M, N), any strides."""
+    return run_gemm(x, weight, bias, out, gemm_launch(
+        x, weight, bias, out.stride(), activation, precision, block_m, block_n, block_k, group_m,
+        num_warps, num_stages))
 
 
 def matmul(x, weight, bias=None, *, activation="none", input_precision=None, block_m=None,

@@ -36,8 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (as_rows, cdiv, check_pow2, check_warps, default_warps, empty, interpreting,
-                      next_pow2, sm_count_of)
+from ._common import (as_rows, cached, cdiv, check_pow2, check_warps, default_warps, empty,
+                      empty_like, interpreting, launch, layout_key, next_pow2, plan_cache,
+                      sm_count_of)
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
@@ -348,6 +349,21 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     return Plan(path, block, num_warps, n_splits, chunk)
 
 
+def _rows_plan(x, block, num_warps, path, splits):
+    """as_rows' checks and `plan`: (n_rows, n_cols, x's row stride or None when x is empty, Plan).
+    """
+    rows, n_rows, n_cols = as_rows("x", x)
+    p = plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
+             num_warps=num_warps, path=path, splits=splits)
+    if rows is None:
+        return n_rows, n_cols, None, p
+    # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims).
+    return n_rows, n_cols, n_cols if x.is_contiguous() else rows.stride(0), p
+
+
+_PLANS = plan_cache()
+
+
 def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
                  splits=None) -> torch.Tensor:
     """Fused softmax: one kernel (one_pass, online, coop) or two (split); see `plan` for the
@@ -357,19 +373,21 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     the tile of the loops (coop: a chunk of at most block elements is held in registers). path:
     force "one_pass", "online", "split" or "coop". splits: programs per row for the split and coop
     paths."""
-    rows, n_rows, n_cols = as_rows("x", x)
-    p = plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
-             num_warps=num_warps, path=path, splits=splits)
-    out = empty(x.shape, x.dtype, x.device)
-    if rows is None:
+    n_rows, n_cols, x_row_stride, p = cached(
+        _PLANS, layout_key((x,), (block, num_warps, path, splits)), _rows_plan, x, block,
+        num_warps, path, splits)
+    out = empty_like(x)
+    if x_row_stride is None:
         return out
-    out2 = out.view(n_rows, n_cols)
-    args = (n_cols, rows.stride(0), out2.stride(0))
+    # x and out are passed as they are: the kernels see their (rows, n_cols) layout through the
+    # row strides (out is contiguous).
+    args = (n_cols, x_row_stride, n_cols)
     if p.path == ONE_PASS:
-        _softmax_one_pass_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block,
-                                            num_warps=p.num_warps)
+        launch(_softmax_one_pass_kernel, (n_rows,), x, out, *args, BLOCK=p.block,
+               num_warps=p.num_warps)
     elif p.path == ONLINE:
-        _softmax_online_kernel[(n_rows,)](rows, out2, *args, BLOCK=p.block, num_warps=p.num_warps)
+        launch(_softmax_online_kernel, (n_rows,), x, out, *args, BLOCK=p.block,
+               num_warps=p.num_warps)
     elif p.path == COOP:
         # One program per SM at most, launched co-operatively: CUDA starts the grid only when all
         # its programs can be resident at once, even beside another stream's kernels, so the
@@ -378,20 +396,18 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
         pmax = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
         psum = torch.empty((n_rows, p.splits), dtype=torch.float32, device=x.device)
         count = torch.zeros((n_rows,), dtype=torch.int32, device=x.device)
-        _softmax_coop_kernel[(groups * p.splits,)](
-            rows, out2, pmax, psum, count, n_rows, *args, p.chunk, SPLITS=p.splits,
-            GROUPS=groups, BLOCK=p.block, ONE_TILE=p.chunk <= p.block, num_warps=p.num_warps,
-            launch_cooperative_grid=True)
+        launch(_softmax_coop_kernel, (groups * p.splits,), x, out, pmax, psum, count, n_rows,
+               *args, p.chunk, SPLITS=p.splits, GROUPS=groups, BLOCK=p.block,
+               ONE_TILE=p.chunk <= p.block, num_warps=p.num_warps, launch_cooperative_grid=True)
     else:
         # Every (row, split) slot is written by the first kernel.
         pmax = empty((n_rows, p.splits), torch.float32, x.device)
         psum = empty((n_rows, p.splits), torch.float32, x.device)
         grid = (n_rows, p.splits)
-        _softmax_split_partial_kernel[grid](rows, pmax, psum, n_cols, rows.stride(0), p.chunk,
-                                            p.splits, BLOCK=p.block, num_warps=p.num_warps)
-        _softmax_split_write_kernel[grid](rows, out2, pmax, psum, *args, p.chunk, p.splits,
-                                          SPLITS_P2=next_pow2(p.splits),
-                                          BLOCK=p.block, num_warps=p.num_warps)
+        launch(_softmax_split_partial_kernel, grid, x, pmax, psum, n_cols, x_row_stride, p.chunk,
+               p.splits, BLOCK=p.block, num_warps=p.num_warps)
+        launch(_softmax_split_write_kernel, grid, x, out, pmax, psum, *args, p.chunk, p.splits,
+               SPLITS_P2=next_pow2(p.splits), BLOCK=p.block, num_warps=p.num_warps)
     return out
 
 
@@ -409,11 +425,10 @@ def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tens
     out2 = out.view(n_rows, n_cols)
     row_max = empty((n_rows,), torch.float32, x.device)
     row_sum = empty((n_rows,), torch.float32, x.device)
-    _row_max_kernel[(n_rows,)](rows, row_max, n_cols, rows.stride(0), BLOCK=block,
-                               num_warps=num_warps)
-    _row_exp_sum_kernel[(n_rows,)](rows, row_max, row_sum, n_cols, rows.stride(0), BLOCK=block,
-                                   num_warps=num_warps)
-    _normalise_kernel[(n_rows, cdiv(n_cols, block))](
-        rows, row_max, row_sum, out2, n_cols, rows.stride(0), out2.stride(0), BLOCK=block,
-        num_warps=num_warps)
+    launch(_row_max_kernel, (n_rows,), rows, row_max, n_cols, rows.stride(0), BLOCK=block,
+           num_warps=num_warps)
+    launch(_row_exp_sum_kernel, (n_rows,), rows, row_max, row_sum, n_cols, rows.stride(0),
+           BLOCK=block, num_warps=num_warps)
+    launch(_normalise_kernel, (n_rows, cdiv(n_cols, block)), rows, row_max, row_sum, out2, n_cols,
+           rows.stride(0), out2.stride(0), BLOCK=block, num_warps=num_warps)
     return out

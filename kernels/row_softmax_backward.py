@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._common import (as_rows, cdiv, check_pow2, check_same, check_warps, default_warps, empty,
-                      next_pow2)
+                      launch, next_pow2)
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096
@@ -115,12 +115,11 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     strides = (y_rows.stride(0), dy_rows.stride(0), dx_rows.stride(0))
     p = plan(n_cols)
     if p.path == ONE_TILE:
-        _softmax_bwd_kernel[(cdiv(n_rows, p.rows),)](y_rows, dy_rows, dx_rows, n_rows, n_cols,
-                                                      *strides, ROWS=p.rows, BLOCK=p.block,
-                                                      num_warps=p.num_warps)
+        launch(_softmax_bwd_kernel, (cdiv(n_rows, p.rows),), y_rows, dy_rows, dx_rows, n_rows,
+               n_cols, *strides, ROWS=p.rows, BLOCK=p.block, num_warps=p.num_warps)
     else:
-        _softmax_bwd_loop_kernel[(n_rows,)](y_rows, dy_rows, dx_rows, n_cols, *strides,
-                                            BLOCK=p.block, num_warps=p.num_warps)
+        launch(_softmax_bwd_loop_kernel, (n_rows,), y_rows, dy_rows, dx_rows, n_cols, *strides,
+               BLOCK=p.block, num_warps=p.num_warps)
     return dx
 
 
@@ -174,9 +173,9 @@ def triton_unfused(y: torch.Tensor, dy: torch.Tensor, *, block=None, num_warps=N
         return dx
     dx_rows = dx.view(n_rows, n_cols)
     dot = empty((n_rows,), torch.float32, y.device)
-    _row_dot_kernel[(n_rows,)](y_rows, dy_rows, dot, n_cols, y_rows.stride(0), dy_rows.stride(0),
-                               BLOCK=block, num_warps=num_warps)
-    _scale_by_residual_kernel[(n_rows, cdiv(n_cols, block))](
-        y_rows, dy_rows, dot, dx_rows, n_cols, y_rows.stride(0), dy_rows.stride(0),
-        dx_rows.stride(0), BLOCK=block, num_warps=num_warps)
+    launch(_row_dot_kernel, (n_rows,), y_rows, dy_rows, dot, n_cols, y_rows.stride(0),
+           dy_rows.stride(0), BLOCK=block, num_warps=num_warps)
+    launch(_scale_by_residual_kernel, (n_rows, cdiv(n_cols, block)), y_rows, dy_rows, dot, dx_rows,
+           n_cols, y_rows.stride(0), dy_rows.stride(0), dx_rows.stride(0), BLOCK=block,
+           num_warps=num_warps)
     return dx

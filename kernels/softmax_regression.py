@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETER_SM_COUNT, check_pow2, empty, sm_count_of
+from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, empty, launch, layout_key,
+                      plan_cache, plan_strides, sm_count_of)
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
@@ -258,7 +259,7 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         # One program per row block: with few rows, smaller blocks so the grid covers the SMs.
         # Measured on the H100 (NOTES.md): this helps float32 (1024 x 1024 x 100: 114 -> 41 us)
         # but hurts float16 (58 -> 213 us), so float16 keeps its large blocks.
-        while not half and triton.cdiv(B, bb) < sm_count and bb > 16:
+        while not half and cdiv(B, bb) < sm_count and bb > 16:
             bb //= 2
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
@@ -295,10 +296,43 @@ def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
     if weight.stride(1) != 1 or pitch % 16 == 0 or B < 4096:
         return weight
     per_row = 16 // weight.element_size()
-    padded = torch.zeros(weight.shape[0], triton.cdiv(weight.shape[1], per_row) * per_row,
+    padded = torch.zeros(weight.shape[0], cdiv(weight.shape[1], per_row) * per_row,
                          dtype=weight.dtype, device=weight.device)
     padded[:, :weight.shape[1]] = weight
     return padded[:, :weight.shape[1]]
+
+
+class _FusedLaunch(NamedTuple):
+    """How matmul_softmax_fused runs one layout (cached): the plan, whether weight is copied into
+    16-byte-aligned rows first (_aligned_rows), the strides the kernels take (x's, the weight's
+    they read, bias's, out's row) and their dot constexprs and options."""
+
+    plan: MatmulSoftmaxPlan
+    pad_weight: bool
+    strides: tuple
+    dot_args: dict
+    options: dict
+
+
+def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_precision, num_warps,
+                  num_stages) -> _FusedLaunch:
+    _check_operands(x, weight, bias)
+    B, K = x.shape
+    C = weight.shape[1]
+    aligned = _aligned_rows(weight, B)
+    plan = matmul_softmax_plan(B, K, C, x.dtype, method=method, input_precision=input_precision,
+                               block_b=block_b, block_c=block_c, block_k=block_k,
+                               num_warps=num_warps, num_stages=num_stages,
+                               sm_count=sm_count_of(x.device))
+    strides = (*plan_strides(x), *plan_strides(aligned), plan_strides(bias)[0] if bias is not None
+               else 0, C)  # out: a new contiguous (B, C)
+    return _FusedLaunch(plan, aligned is not weight, strides,
+                        dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
+                             EVEN_K=K % plan.block_k == 0),
+                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
+
+
+_PLANS = plan_cache()
 
 
 def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None,
@@ -308,60 +342,54 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     (for "two_pass_store", stored once in the output buffer and rewritten in place).
 
     x (B, K), weight (K, C), bias (C,) or None, any strides; output (B, C) in x's dtype. The
-    methods and the plan are described in the module docstring and `matmul_softmax_plan`.
+    methods and the plan are described in the module docstring and `matmul_softmax_plan`. The
+    checks and the plan are remembered per layout of x, weight, bias.
     """
-    _check_operands(x, weight, bias)
+    options = (method, block_b, block_c, block_k, input_precision, num_warps, num_stages)
+    how = cached(_PLANS, layout_key((x, weight, bias), options), _fused_launch, x, weight, bias,
+                 *options)
+    plan, strides, dot_args, options = how.plan, how.strides, how.dot_args, how.options
     B, K = x.shape
     C = weight.shape[1]
-    weight = _aligned_rows(weight, B)
-    plan = matmul_softmax_plan(B, K, C, x.dtype, method=method, input_precision=input_precision,
-                               block_b=block_b, block_c=block_c, block_k=block_k,
-                               num_warps=num_warps, num_stages=num_stages,
-                               sm_count=sm_count_of(x.device))
+    if how.pad_weight:
+        weight = _aligned_rows(weight, B)
     out = empty((B, C), x.dtype, x.device)
     if B == 0 or C == 0:
         return out
     has_bias = bias is not None
     bias_arg = bias if has_bias else x
-    s_bias = bias.stride(0) if has_bias else 0
-    strides = (*x.stride(), *weight.stride(), s_bias, out.stride(0))
-    dot_args = dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
-                    EVEN_K=K % plan.block_k == 0)
-    launch = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.method == SIMPLE:
-        _ms_simple_kernel[(B,)](x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
-                                BLOCK_C=plan.block_c, BLOCK_K=plan.block_k,
-                                num_warps=plan.num_warps)
+        launch(_ms_simple_kernel, (B,), x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
+               BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
         return out
     if plan.method == TILED:
-        _ms_tiled_kernel[(triton.cdiv(B, plan.block_b),)](
-            x, weight, bias_arg, out, B, C, K, *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b,
-            BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, **dot_args, **launch)
+        launch(_ms_tiled_kernel, (cdiv(B, plan.block_b),), x, weight, bias_arg, out, B, C, K,
+               *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
+               BLOCK_K=plan.block_k, **dot_args, **options)
         return out
     # online / two_pass_store: per-(row, C tile) partials, combined per row.
-    n_tiles = triton.cdiv(C, plan.block_c)
-    grid = (triton.cdiv(B, plan.block_b) * n_tiles,)
+    n_tiles = cdiv(C, plan.block_c)
+    grid = (cdiv(B, plan.block_b) * n_tiles,)
     m_part = empty((B, n_tiles), torch.float32, x.device)
     l_part = empty((B, n_tiles), torch.float32, x.device)
     store = plan.method == TWO_PASS_STORE
-    _ms_stats_kernel[grid](x, weight, bias_arg, out, m_part, l_part, B, C, K, *strides, n_tiles,
-                           HAS_BIAS=has_bias, STORE_LOGITS=store, BLOCK_B=plan.block_b,
-                           BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP,
-                           **dot_args, **launch)
+    launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K, *strides,
+           n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, BLOCK_B=plan.block_b,
+           BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args, **options)
     m = empty((B,), torch.float32, x.device)
     inv_l = empty((B,), torch.float32, x.device)
     block_t = _pow2(n_tiles, 16, 128)
-    _ms_combine_kernel[(triton.cdiv(B, 32),)](m_part, l_part, m, inv_l, B, n_tiles, BLOCK_R=32,
-                                              BLOCK_T=block_t, num_warps=4)
+    launch(_ms_combine_kernel, (cdiv(B, 32),), m_part, l_part, m, inv_l, B, n_tiles,
+           BLOCK_R=32, BLOCK_T=block_t, num_warps=4)
     if store:
         block_n = _pow2(C, 16, 1024)
         block_r = max(1, 8192 // block_n)
-        _ms_normalize_kernel[(triton.cdiv(B, block_r) * triton.cdiv(C, block_n),)](
-            out, m, inv_l, B, C, out.stride(0), BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
+        launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
+               inv_l, B, C, C, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
     else:
-        _ms_probs_kernel[grid](x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
-                               HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
-                               BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args, **launch)
+        launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
+               HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k,
+               GROUP_B=GROUP, **dot_args, **options)
     return out
 
 

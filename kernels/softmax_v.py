@@ -13,12 +13,15 @@ product with v (as FlashAttention does) and accumulated in float32.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import check_pow2, check_same, check_tensor, empty
+from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty, launch, layout_key,
+                      next_pow2, plan_cache, plan_strides)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -117,11 +120,10 @@ def _bmm(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, input_precisio
     batch, m, k = a.shape
     n = b.shape[2]
     c = empty((batch, m, n), a.dtype, a.device)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
-    _bmm_kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), float(alpha),
-                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                      INPUT_PRECISION=input_precision, UPCAST=_upcast_bf16(a.dtype),
-                      num_warps=num_warps, num_stages=num_stages)
+    grid = (cdiv(m, block_m), cdiv(n, block_n), batch)
+    launch(_bmm_kernel, grid, a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), float(alpha),
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, INPUT_PRECISION=input_precision,
+           UPCAST=_upcast_bf16(a.dtype), num_warps=num_warps, num_stages=num_stages)
     return c
 
 
@@ -150,7 +152,7 @@ def _check_inputs(x, v, input_precision):
 
 
 def _pow2_block(n, lo, hi):
-    return min(max(lo, triton.next_power_of_2(max(n, 1))), hi)
+    return min(max(lo, next_pow2(n)), hi)
 
 
 def _trivial(x, v):
@@ -163,14 +165,19 @@ def _trivial(x, v):
     return None
 
 
-def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precision=None,
-                 num_warps=None, num_stages=None) -> torch.Tensor:
-    """One Triton kernel: online softmax over d2 chunks, p @ v accumulated in float32.
+class _FusedLaunch(NamedTuple):
+    """How triton_fused runs one layout (cached): no launch (a dim is empty: zeros), else the
+    grid, the sizes and strides it passes and the kernel's constexprs and options."""
 
-    Grid: (d1 blocks, d3 tiles, batch). block_3 tiles d3 so the (block_1, block_3) accumulator
-    fits in registers; each d3 tile recomputes the row softmax (cheap next to the matmul while
-    d3 / block_3 is small).
-    """
+    trivial: bool
+    out_shape: tuple
+    grid: tuple
+    sizes_strides: tuple  # d1, d2, d3, x's, v's and out's strides
+    kwargs: dict
+
+
+def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps,
+                  num_stages) -> _FusedLaunch:
     precision = _check_inputs(x, v, input_precision)
     batch, d1, d2 = x.shape
     d3 = v.shape[2]
@@ -184,16 +191,35 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
                          why=DOT_MIN)
     num_warps = 4 if num_warps is None else num_warps
     num_stages = 2 if num_stages is None else num_stages
-    trivial = _trivial(x, v)
-    if trivial is not None:
-        return trivial
-    out = empty((batch, d1, d3), x.dtype, x.device)
-    grid = (triton.cdiv(d1, block_1), triton.cdiv(d3, block_3), batch)
-    _softmax_matmul_kernel[grid](x, v, out, d1, d2, d3, *x.stride(), *v.stride(), *out.stride(),
-                                 BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3,
-                                 INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
-                                 num_warps=num_warps,
-                                 num_stages=num_stages)
+    out_shape = (batch, d1, d3)
+    trivial = batch * d1 * d3 == 0 or d2 == 0
+    out_strides = (d1 * d3, d3, 1)  # a new contiguous tensor's
+    return _FusedLaunch(
+        trivial, out_shape, (cdiv(d1, block_1), cdiv(d3, block_3), batch),
+        (d1, d2, d3, *plan_strides(x), *plan_strides(v), *out_strides),
+        dict(BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3, INPUT_PRECISION=precision,
+             UPCAST=_upcast_bf16(x.dtype), num_warps=num_warps, num_stages=num_stages))
+
+
+_PLANS = plan_cache()
+
+
+def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precision=None,
+                 num_warps=None, num_stages=None) -> torch.Tensor:
+    """One Triton kernel: online softmax over d2 chunks, p @ v accumulated in float32.
+
+    Grid: (d1 blocks, d3 tiles, batch). block_3 tiles d3 so the (block_1, block_3) accumulator
+    fits in registers; each d3 tile recomputes the row softmax (cheap next to the matmul while
+    d3 / block_3 is small). The checks and the plan are remembered per layout of x and v.
+    """
+    how = cached(_PLANS, layout_key((x, v), (block_1, block_2, block_3, input_precision,
+                                             num_warps, num_stages)),
+                 _fused_launch, x, v, block_1, block_2, block_3, input_precision, num_warps,
+                 num_stages)
+    out = empty(how.out_shape, x.dtype, x.device)
+    if how.trivial:  # an empty d2 gives zeros, like torch
+        return out.zero_()
+    launch(_softmax_matmul_kernel, how.grid, x, v, out, *how.sizes_strides, **how.kwargs)
     return out
 
 

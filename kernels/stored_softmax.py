@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import empty, next_pow2
+from ._common import empty, launch, next_pow2
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -79,8 +79,7 @@ def softmax_rows(x: torch.Tensor, out: torch.Tensor | None = None, *, scale: flo
         return out
     block = min(max(16, next_pow2(d2)), max_block) if block is None else block
     num_warps = max(1, min(max_warps, block // 256))
-    _softmax_rows_kernel[(d1, batch)](x3, o3, d1, d2, *x3.stride(), *o3.stride(), float(scale),
-                                      causal_shift, CAUSAL=causal, BLOCK=block,
-                                      ONE_TILE=d2 <= block,
-                                      num_warps=num_warps)
+    launch(_softmax_rows_kernel, (d1, batch), x3, o3, d1, d2, *x3.stride(), *o3.stride(),
+           float(scale), causal_shift, CAUSAL=causal, BLOCK=block, ONE_TILE=d2 <= block,
+           num_warps=num_warps)
     return out

@@ -1,0 +1,278 @@
+"""A CPU proxy of the per-call host cost of the public ops: their Python, and Triton's launch path
+down to the C launcher, without a GPU.
+
+    python -m triton_fusion_report.analysis.host_proxy [--calls N] [--check]
+
+`simulated_gpu()` lets Triton's own JITFunction.run work on a machine without one: a stand-in
+driver (device 0, a fake stream, an sm_90 target), and compiled kernels that are never compiled,
+whose launcher records or drops the launch. Everything above the C launcher runs as on the GPU
+(the binder, the cache key, the launch metadata, kernels._common.launch), so the time per call of
+a public op on tiny CPU tensors is its host cost minus the C launch and minus CUDA's allocator
+(torch.empty on the CPU costs less than on CUDA). Two columns per op:
+- `python`: every kernel launch a no-op (JITFunction.run returns at once), fast path off: the
+  ops' own checks, plans and allocations;
+- `with launch`: JITFunction.run for real (or the fast path of kernels._common.launch, when that
+  exists and is on) down to a no-op launcher.
+Run the same file with PYTHONPATH at another checkout to compare (it imports only the package).
+--check instead compares each op's launches with the fast path off and on (`check_fast_path`).
+The tests use `simulated_gpu` to run `launch` against Triton's real run (tests/test_launch.py).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+
+class CudaLauncher:
+    """Stands in for Triton's CudaLauncher (same name, attributes and __call__ as 3.6's), with a
+    C `launch` that appends its arguments to `calls` (None: drops them)."""
+
+    def __init__(self, options, calls, scratch=0):
+        self.calls = calls
+        self.global_scratch_size = scratch
+        self.global_scratch_align = 1
+        self.profile_scratch_size = 0
+        self.profile_scratch_align = 1
+        self.launch_cooperative_grid = bool(getattr(options, "launch_cooperative_grid", False))
+        self.launch_pdl = False
+        self.num_ctas = 1
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        # As 3.6's (a scratch buffer stands for an allocation).
+        def allocate_scratch(size, align):
+            if size > 0:
+                return ("scratch", gridX * gridY * gridZ * self.num_ctas * size, align)
+            return None
+
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align)
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
+                    self.launch_pdl, global_scratch, profile_scratch, *args)
+
+    def launch(self, *args):
+        if self.calls is not None:
+            self.calls.append(args)
+
+
+class _Driver:
+    """Stands in for Triton's CUDA driver: device 0 (or `device`), stream 1000 + device."""
+
+    def __init__(self):
+        self.device = 0
+        self.compiled = {}  # the compiled kernels by their `function`
+
+    def get_current_device(self):
+        return self.device
+
+    def get_current_stream(self, device):
+        return 1000 + device
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+@contextlib.contextmanager
+def simulated_gpu(calls=None, scratch=0):
+    """JITFunction.run works without a GPU while active: the driver is a stand-in, and a kernel
+    "compiles" to a CompiledKernel whose `key` is Triton's cache key and whose launcher appends
+    each launch's arguments to `calls` (a list; None drops them): (grid x, y, z, stream,
+    function, cooperative, pdl, global scratch, profile scratch, packed metadata, launch metadata,
+    enter hook, exit hook, *kernel arguments), as CudaLauncher passes them to its C launch.
+    scratch: the launchers' global scratch size (0: the fast path may call their `launch`
+    directly). Yields the driver: set `.device` to switch devices; `.compiled` maps each launch's
+    `function` to its compiled kernel (whose `.key` is Triton's cache key)."""
+    from triton.compiler import CompiledKernel
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    fake = _Driver()
+
+    class FakeCompiled(CompiledKernel):
+        def __init__(self, key, device, options):
+            self.key, self.device = key, device
+            self.name, self.src = "fake", None  # (what the real launch_metadata reads)
+            self.module = object()  # "loaded"
+            self.function = len(fake.compiled) + 1  # a CUfunction handle: which kernel ran
+            self.packed_metadata = (options.num_warps, 1, 0)
+            self._run = CudaLauncher(options, calls, scratch)
+            fake.compiled[self.function] = self
+
+    def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel_cache = self.device_caches[device][0]
+        backend = self.device_caches[device][3]
+        kernel_cache[key] = FakeCompiled(key, device, backend.parse_options(options.__dict__))
+        return kernel_cache[key]
+
+    previous_driver, previous_compile = driver._active, JITFunction._do_compile
+    driver.set_active(fake)
+    JITFunction._do_compile = do_compile
+    try:
+        yield fake
+    finally:
+        JITFunction._do_compile = previous_compile
+        driver.set_active(previous_driver)
+
+
+# ------------------------------------------------------------------------------------------------
+# The proxy measurement
+
+
+def _cases():
+    """(name, fn) of each public op at the tiny sizes of analysis/launch_cost.py, fp16, CPU."""
+    import torch
+
+    from triton_fusion_report import kernels
+
+    torch.manual_seed(0)
+    h = torch.float16
+    r = lambda *s: torch.randn(*s, dtype=h)  # noqa: E731
+    x, y, z = r(4096), r(4096), r(4096)
+    s, w, b = r(8, 1024), r(1024), r(1024)
+    sg, wg, bg = (t.clone().requires_grad_() for t in (s, w, b))
+    dy = r(8, 1024)
+    xs, vs = r(1, 64, 64), r(1, 64, 64)
+    xm, wm, bm = r(64, 64), r(64, 64), r(64)
+    yield "add_mul 4096", lambda: kernels.add_mul(x, y, z)
+    yield "add_mul 4096 scalar", lambda: kernels.add_mul(x, y, 0.5)
+    yield "softmax 8x1024", lambda: kernels.softmax(s)
+    yield "layer_norm 8x1024", lambda: kernels.layer_norm(s, w, b)
+    yield "layer_norm fwd+bwd 8x1024", lambda: torch.autograd.grad(
+        kernels.layer_norm(sg, wg, bg), (sg, wg, bg), dy)
+    yield "softmax_matmul 1x64x64x64", lambda: kernels.softmax_matmul(xs, vs)
+    yield "matmul_softmax 64^3", lambda: kernels.matmul_softmax(xm, wm, bm)
+    yield "linear_act 64^3 gelu", lambda: kernels.linear_act(xm, wm, bm)
+
+
+def _us_per_call(fn, calls: int, batches: int = 25) -> float:
+    """Microseconds a call: the fastest of `batches` batches of `calls` back-to-back calls (a
+    shared CPU only ever adds time to deterministic Python)."""
+    for _ in range(50):
+        fn()
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def measure(calls: int = 2000) -> list[tuple[str, float, float]]:
+    """(op, python us, with-launch us) per case; see the module docstring."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("host_proxy times the compiled kernels' path: unset TRITON_INTERPRET")
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    from triton_fusion_report.kernels import _common
+
+    # The kernels are JITFunctions (no interpreter at import); the checks take CPU tensors.
+    knobs.runtime.interpret = True
+    has_fast = hasattr(_common, "launch")
+    rows = []
+    with simulated_gpu():
+        run = JITFunction.run
+        for name, fn in _cases():
+            JITFunction.run = lambda self, *a, grid, warmup, **k: None
+            fast = _common.FAST_LAUNCH if has_fast else None
+            if has_fast:
+                _common.FAST_LAUNCH = False
+            try:
+                python = _us_per_call(fn, calls)
+            finally:
+                JITFunction.run = run
+                if has_fast:
+                    _common.FAST_LAUNCH = fast
+            rows.append((name, python, _us_per_call(fn, calls)))
+    return rows
+
+
+def _describe(record):
+    """A launch as the C launcher gets it, minus the launch metadata and hooks (None on the fast
+    path, empty hook chains on Triton's): tensors by layout and 16-byte alignment."""
+    import torch
+
+    def arg(a):
+        if isinstance(a, torch.Tensor):
+            return ("tensor", tuple(a.shape), a.stride(), a.dtype, a.data_ptr() % 16 == 0)
+        return a
+
+    return (record[:9], record[9], tuple(arg(a) for a in record[13:]))
+
+
+def check_fast_path() -> list[str]:
+    """For each public op (the proxy's cases), its launches with the fast path off, then on
+    (after a warm-up call): the same kernels, grids, streams and arguments, and none through
+    JITFunction.run. Returns the problems found."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("the kernels must be JITFunctions: unset TRITON_INTERPRET")
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    from triton_fusion_report.kernels import _common
+
+    knobs.runtime.interpret = True  # (the checks take CPU tensors)
+    problems, calls, runs = [], [], []
+    run = JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(self)
+        return run(self, *args, **kwargs)
+
+    with simulated_gpu(calls):
+        JITFunction.run = counted
+        try:
+            for name, fn in _cases():
+                _common.FAST_LAUNCH = False
+                fn()
+                calls.clear()
+                fn()
+                normal = [_describe(c) for c in calls]
+                _common.FAST_LAUNCH = True
+                fn()
+                calls.clear()
+                runs.clear()
+                fn()
+                fast = [_describe(c) for c in calls]
+                if fast != normal:
+                    problems.append(f"{name}: fast path launches {fast} != {normal}")
+                if runs:
+                    problems.append(f"{name}: {len(runs)} launches through JITFunction.run "
+                                    f"after warm-up ({', '.join(k.fn.__name__ for k in runs)})")
+        finally:
+            JITFunction.run = run
+            _common.FAST_LAUNCH = True
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.host_proxy",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000, help="calls a batch (25 batches)")
+    ap.add_argument("--check", action="store_true",
+                    help="instead: check that each op's launches take the fast path unchanged")
+    args = ap.parse_args(argv)
+    from triton_fusion_report.kernels import _common
+
+    if args.check:
+        problems = check_fast_path()
+        print("\n".join(problems) or "fast path: every op's launches as the normal path's")
+        return 1 if problems else 0
+
+    mode = ("fast launch " + ("on" if _common.FAST_LAUNCH else "off")
+            if hasattr(_common, "launch") else "no fast launch in this checkout")
+    print(f"{_common.__file__}: {mode}")
+    print(f"{'op (fp16, CPU proxy)':28s} {'python us':>10s} {'with launch us':>15s}")
+    for name, python, full in measure(args.calls):
+        print(f"{name:28s} {python:10.1f} {full:15.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""kernels._common.launch: the fast launch path, checked on the CPU against Triton's own
+JITFunction.run (real binder, cache key, launch arguments; only the compiler and the C launcher
+are stand-ins: analysis.host_proxy.simulated_gpu)."""
+import itertools
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton.language as tl
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+from triton_fusion_report.analysis.host_proxy import simulated_gpu
+from triton_fusion_report.kernels import _common as C
+
+
+def _toy(x_ptr, y_ptr, n, m, scale, flag, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    pass
+
+
+def _toy_unspecialised(x_ptr, n, m, BLOCK: tl.constexpr):
+    pass
+
+
+def _mixed_order(x_ptr, BLOCK: tl.constexpr, n):
+    pass
+
+
+def _buffer(dtype, byte_offset):
+    """A CPU tensor whose data_ptr() is `byte_offset` bytes past a 64-byte boundary."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    base = torch.zeros(4096, dtype=dtype)
+    skip = (-base.data_ptr() % 64 + byte_offset) // itemsize
+    t = base[skip:skip + 64]
+    assert t.data_ptr() % 64 == byte_offset
+    return t
+
+
+TENSORS = [_buffer(dt, off) for dt in (torch.float16, torch.float32, torch.bfloat16, torch.int32)
+           for off in (0, 4, 8, 16, 32) if off % torch.empty((), dtype=dt).element_size() == 0]
+INTS = [0, 1, 2, 15, 16, 17, 32, 48, -1, -16, -17, 2**31 - 1, 2**31 - 16, 2**31, 2**31 + 16,
+        -2**31, -2**31 - 16, 2**32, 2**63 - 16, 2**63 - 1, 2**63, 2**63 + 16, 2**64 - 16,
+        2**64 - 1]
+SCALARS = INTS + [0.5, 1.0, 16.0, -0.0, True, False, None]
+
+
+def _triton_key(kernel, args, kwargs, device=0):
+    """The key JITFunction.run looks the compiled kernel up by, for this call."""
+    from triton.runtime.jit import compute_cache_key
+
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    _, key_cache, _, _, binder = kernel.device_caches[device]
+    _, specialization, options = binder(*args, **kwargs)
+    return compute_cache_key(key_cache, specialization, options)
+
+
+@pytest.fixture
+def gpu():
+    calls = []
+    with simulated_gpu(calls) as fake:
+        fake.calls = calls
+        yield fake
+
+
+@pytest.fixture
+def count_runs(monkeypatch):
+    """How many calls went through JITFunction.run (the normal path)."""
+    counter = {"runs": 0}
+    run = JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        counter["runs"] += 1
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", counted)
+    return counter
+
+
+def test_equal_keys_mean_equal_triton_specialisations(gpu):
+    """Over pointers of every dtype and alignment and ints on both sides of every boundary
+    Triton specialises on (1, multiples of 16, the i32/i64/u64 ranges), floats, bools and None:
+    calls with equal `specialization_key` always have equal Triton keys."""
+    kernels = [JITFunction(_toy), JITFunction(_toy, do_not_specialize=["n"]),
+               JITFunction(_toy_unspecialised, do_not_specialize_on_alignment=["x_ptr"])]
+    rng = random.Random(0)
+    for kernel in kernels:
+        n_runtime = sum(not p.is_constexpr for p in kernel.params)
+        triton_keys_of = {}
+        calls = [(rng.choice(TENSORS),) + tuple(rng.choice(TENSORS + SCALARS)
+                                                 for _ in range(n_runtime - 1))
+                 for _ in range(1500)]
+        calls += [(t, *(i,) * (n_runtime - 1)) for t in TENSORS for i in INTS]
+        for args in calls:
+            kwargs = {c.name: 64 for c in kernel.params if c.is_constexpr}
+            try:
+                triton_key = _triton_key(kernel, args, kwargs)
+            except (OverflowError, TypeError):  # what Triton refuses, launch leaves to Triton
+                continue
+            key = C.specialization_key(args)
+            assert key is not None
+            triton_keys_of.setdefault(key, set()).add(triton_key)
+        assert all(len(keys) == 1 for keys in triton_keys_of.values()), [
+            keys for keys in triton_keys_of.values() if len(keys) > 1]
+        # The calls did reach the distinctions (else the check above would be empty).
+        assert len(set().union(*triton_keys_of.values())) > 20
+
+
+def test_the_key_separates_what_triton_separates():
+    aligned, unaligned = _buffer(torch.float16, 0), _buffer(torch.float16, 8)
+    assert C.specialization_key((aligned,)) != C.specialization_key((unaligned,))
+    assert C.specialization_key((aligned,)) != C.specialization_key((aligned.float(),))
+    distinct = {C.specialization_key((i,)) for i in (1, 16, 17, 2**31, 2**31 + 1, 2**63)}
+    assert len(distinct) == 6
+    assert C.specialization_key((1.0,)) == C.specialization_key((16.0,))  # fp32 either way
+    assert C.specialization_key((True,)) != C.specialization_key((1,))
+    assert C.specialization_key(("text",)) is None
+    assert C.specialization_key((2**64,)) is None and C.specialization_key((-2**63 - 1,)) is None
+
+
+def _check_launches(gpu, kernel, calls):
+    """Each recorded launch ran the compiled kernel of its call's Triton key, with the grid, the
+    stream and the arguments JITFunction.run passes (every parameter's value, in order)."""
+    assert len(gpu.calls) == len(calls)
+    for record, (device, grid, args, kwargs) in zip(gpu.calls, calls):
+        grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        assert record[:4] == grid3 + (1000 + device,)
+        compiled = gpu.compiled[record[4]]
+        assert compiled.key == _triton_key(kernel, args, kwargs, device)
+        assert compiled.device == device
+        assert record[9] == compiled.packed_metadata
+        constexprs = [kwargs[p.name] for p in kernel.params if p.is_constexpr]
+        assert list(record[13:]) == list(args) + constexprs
+
+
+def _variants():
+    """(device, args, kwargs) of _toy: a base call and calls that differ from it in one or two of
+    the things Triton specialises on, so that a key missing any of them maps two of them to one
+    compiled kernel."""
+    f16, f32 = torch.float16, torch.float32
+    base = (0, (_buffer(f16, 0), _buffer(f16, 32), 64, 17, 0.5, True),
+            dict(BLOCK=16, MODE="a", num_warps=4))
+    one_change = [
+        lambda d, a, k: (1, a, k),  # another device
+        lambda d, a, k: (d, (_buffer(f16, 8),) + a[1:], k),  # not 16-byte aligned
+        lambda d, a, k: (d, (_buffer(f16, 4),) + a[1:], k),
+        lambda d, a, k: (d, a[:1] + (_buffer(f32, 32),) + a[2:], k),  # another dtype
+        lambda d, a, k: (d, a[:2] + (1,) + a[3:], k),  # an int equal to 1
+        lambda d, a, k: (d, a[:2] + (65,) + a[3:], k),  # not divisible by 16
+        lambda d, a, k: (d, a[:2] + (2**31,) + a[3:], k),  # i64
+        lambda d, a, k: (d, a[:2] + (2**63,) + a[3:], k),  # u64
+        lambda d, a, k: (d, a[:3] + (16,) + a[4:], k),
+        lambda d, a, k: (d, a[:5] + (7,), k),  # an int for a bool
+        lambda d, a, k: (d, a, dict(k, BLOCK=32)),  # a constexpr
+        lambda d, a, k: (d, a, dict(k, MODE="b")),
+        lambda d, a, k: (d, a, dict(k, num_warps=8)),  # an option
+        lambda d, a, k: (d, a, dict(k, num_stages=2)),
+    ]
+    calls = [base] + [change(*base) for change in one_change]
+    calls += [second(*first(*base)) for first, second in itertools.combinations(one_change, 2)]
+    return calls
+
+
+@pytest.mark.parametrize("scratch", [0, 64])
+def test_launch_runs_the_kernel_triton_would_with_the_arguments_it_would(count_runs, scratch):
+    """Calls in random order, each a variant of one base call (_variants), grids of 1 to 3 dims;
+    a launcher with global scratch (scratch=64) cannot be called directly and goes through its
+    __call__."""
+    kernel = JITFunction(_toy)
+    rng = random.Random(1)
+    pool = _variants()
+    calls, gpu_calls = [], []
+    with simulated_gpu(gpu_calls, scratch=scratch) as gpu:
+        gpu.calls = gpu_calls
+        for _ in range(1000):
+            gpu.device, args, kwargs = rng.choice(pool)
+            grid = rng.choice([(3,), (2, 5), (1, 2, 3)])
+            calls.append((gpu.device, grid, args, kwargs))
+            compiled = C.launch(kernel, grid, *args, **kwargs)
+            assert compiled is gpu.compiled[gpu_calls[-1][4]]
+        _check_launches(gpu, kernel, calls)
+        if scratch:
+            assert all(record[7] is not None for record in gpu_calls)
+    # Each distinct variant went through JITFunction.run once; the other calls skipped it.
+    distinct = {(d, C.specialization_key(a), tuple(k.items())) for d, a, k in pool}
+    assert count_runs["runs"] == len(distinct) > 60
+
+
+def _one_call(kernel):
+    return (_buffer(torch.float16, 0), _buffer(torch.float16, 0), 64, 17, 0.5, True), dict(
+        BLOCK=16, MODE="a", num_warps=4)
+
+
+def test_launch_takes_the_normal_path_for_anything_unusual(gpu, count_runs, monkeypatch):
+    kernel = JITFunction(_toy)
+    args, kwargs = _one_call(kernel)
+    C.launch(kernel, (1,), *args, **kwargs)
+    C.launch(kernel, (1,), *args, **kwargs)
+    assert count_runs["runs"] == 1  # the second call was fast
+
+    def runs_of(fn):
+        before = count_runs["runs"]
+        fn()
+        return count_runs["runs"] - before
+
+    def call(*a, **k):
+        return lambda: C.launch(kernel, *a, **k)
+
+    # A launch hook (Triton's profiler adds its hooks so), a pre-run hook, debug mode.
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        assert runs_of(call((1,), *args, **kwargs)) == 1
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    kernel.pre_run_hooks.append(lambda *a, **k: None)
+    assert runs_of(call((1,), *args, **kwargs)) == 1
+    kernel.pre_run_hooks.clear()
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    assert runs_of(call((1,), *args, **kwargs)) == 1
+    monkeypatch.setattr(knobs.runtime, "debug", False)
+    # Switched off; a list grid; a constexpr passed by position; an argument the key does not
+    # handle (a tuple: Triton's to specialise).
+    monkeypatch.setattr(C, "FAST_LAUNCH", False)
+    assert runs_of(call((1,), *args, **kwargs)) == 1
+    monkeypatch.setattr(C, "FAST_LAUNCH", True)
+    assert runs_of(call([1], *args, **kwargs)) == 1
+    assert runs_of(call((1,), *args, 16, MODE="a", num_warps=4)) == 1
+    assert runs_of(call((1,), *args[:-1], (16, 3), **kwargs)) == 1
+    # Back to plain: fast again.
+    assert runs_of(call((1,), *args, **kwargs)) == 0
+    assert len(gpu.calls) == 10
+
+
+def test_a_changed_global_goes_back_through_triton(gpu, count_runs):
+    """JITFunction.run raises when a global the kernel read has changed since it compiled; the
+    fast path must not hide that."""
+    kernel = JITFunction(_toy)
+    args, kwargs = _one_call(kernel)
+    g = {"LIMIT": 4}
+    kernel.used_global_vals = {("LIMIT", id(g)): (4, g)}
+    C.launch(kernel, (1,), *args, **kwargs)
+    kernel.used_global_vals = {("LIMIT", id(g)): (4, g)}  # (the first compile set its own)
+    C.launch(kernel, (1,), *args, **kwargs)
+    runs = count_runs["runs"]
+    C.launch(kernel, (1,), *args, **kwargs)
+    assert count_runs["runs"] == runs  # fast
+    g["LIMIT"] = 5
+    with pytest.raises(RuntimeError, match="Global variable LIMIT has changed"):
+        C.launch(kernel, (1,), *args, **kwargs)
+
+
+def test_kernels_whose_constexprs_are_not_last_keep_the_normal_path(gpu, count_runs):
+    kernel = JITFunction(_mixed_order)
+    x = _buffer(torch.float32, 0)
+    for _ in range(3):
+        C.launch(kernel, (1,), x, n=16, BLOCK=32)
+    assert count_runs["runs"] == 3
+
+
+def test_interpreted_kernels_take_the_normal_path(device):
+    if device.type == "cuda":
+        pytest.skip("the interpreter's kernels")
+    from triton_fusion_report.kernels import elementwise
+
+    x = torch.ones(8, device=device)
+    elementwise.triton_fused(x, x, 2.0)
+    state = C._LAUNCHES[id(elementwise._add_mul_kernel)]
+    assert state.n_runtime == -1 and not state.compiled
+
+
+def test_a_full_table_empties_and_refills(gpu, count_runs, monkeypatch):
+    monkeypatch.setattr(C, "FAST_LAUNCH_MAX_ENTRIES", 2)
+    kernel = JITFunction(_toy)
+    args, kwargs = _one_call(kernel)
+    for block in (16, 32, 64, 16, 32, 64):
+        C.launch(kernel, (1,), *args, **dict(kwargs, BLOCK=block))
+        assert len(C._LAUNCHES[id(kernel)].compiled) <= 2
+    assert count_runs["runs"] == 6
+    calls = [(0, (1,), args, dict(kwargs, BLOCK=b)) for b in (16, 32, 64, 16, 32, 64)]
+    _check_launches(gpu, kernel, calls)
+
+
+def test_every_public_op_takes_the_fast_path_with_the_normal_paths_arguments():
+    """In a process where the kernels are JITFunctions (no interpreter), under simulated_gpu:
+    each public op's launches after a warm-up call skip JITFunction.run and pass the C launcher
+    what the normal path passes (analysis.host_proxy --check)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-m", "triton_fusion_report.analysis.host_proxy",
+                           "--check"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

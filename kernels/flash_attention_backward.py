@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, empty, interpreting, next_pow2
+from ._common import cdiv, empty, interpreting, launch, next_pow2
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -157,9 +157,8 @@ def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float, b
     block_d = max(16, next_pow2(head_dim))
     cfg = blocks or default_blocks(head_dim)
     delta = empty((batch * heads, seq), torch.float32, q.device)
-    _attn_bwd_preprocess[(cdiv(seq, 64), batch * heads)](out, dout, delta, seq,
-                                                         HEAD_DIM=head_dim, BLOCK_M=64,
-                                                         BLOCK_D=block_d, num_warps=4)
+    launch(_attn_bwd_preprocess, (cdiv(seq, 64), batch * heads), out, dout, delta, seq,
+           HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_D=block_d, num_warps=4)
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype))
     sizes = (seq, seq_k, heads, heads // kv_heads)
@@ -168,9 +167,9 @@ def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float, b
         return dict(BLOCK_M=c["block_m"], BLOCK_N=c["block_n"], num_warps=c["num_warps"],
                     num_stages=c["num_stages"])
     kv, qc = cfg["dkdv"], cfg["dq"]
-    _attn_bwd_dkdv[(cdiv(seq_k, kv["block_n"]), batch * kv_heads)](
+    launch(_attn_bwd_dkdv, (cdiv(seq_k, kv["block_n"]), batch * kv_heads),
         q, k, v, dout, lse, delta, dk, dv, float(sm_scale), *sizes, **consts, **launch_args(kv))
-    _attn_bwd_dq[(cdiv(seq, qc["block_m"]), batch * heads)](
+    launch(_attn_bwd_dq, (cdiv(seq, qc["block_m"]), batch * heads),
         q, k, v, dout, lse, delta, dq, float(sm_scale), *sizes, **consts, **launch_args(qc))
     return dq, dk, dv
 

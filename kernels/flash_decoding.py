@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, empty, interpreting, next_pow2, sm_count_of
+from ._common import cdiv, empty, interpreting, launch, next_pow2, sm_count_of
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -174,14 +174,14 @@ def attention(q, k, v, causal: bool, sm_scale: float, *, num_splits=None, block_
         sx, slx = part.stride(0), part_lse.stride(0)
     warps = num_warps or 4
     stages = num_stages or (1 if interpreting() else 3)
-    _decode_split[(splits, batch * kv_heads)](
+    launch(_decode_split, (splits, batch * kv_heads),
         q, k, v, part, part_lse, sm_scale, seq, seq_k, kv_heads, group, chunk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *out.stride()[:3], sx, slx,
         HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, UPCAST=_upcast_bf16(q.dtype),
         FINAL=final, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     if not final:
-        _decode_merge[(batch * kv_heads,)](
+        launch(_decode_merge, (batch * kv_heads,),
             part, part_lse, out, lse, seq, kv_heads, group, splits, *out.stride()[:3], sx, slx,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
             BLOCK_S=max(2, next_pow2(splits)), num_warps=4)

@@ -37,3 +37,22 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 # Tolerances on max |out - ref| / max |ref| against a float64 reference.
 TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def reference_before_softmax_backward(dst):
+    """A copy of the committed reference as it was before the softmax backward was measured:
+    softmax.parquet holds the forward rows alone, without the `direction` column (the old file
+    format). Tests of the with/without-backward paths build on it, whatever the reference holds."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from triton_fusion_report.analysis import report as R
+
+    dst = Path(dst)
+    shutil.copytree(R.REFERENCE, dst)
+    df = pd.read_parquet(R.REFERENCE / "softmax.parquet")
+    df = df[df["op"] == "softmax"].drop(columns=["direction"], errors="ignore")
+    df.to_parquet(dst / "softmax.parquet", index=False)
+    return dst

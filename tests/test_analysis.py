@@ -263,8 +263,11 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
 
     from triton_fusion_report.analysis import report as R
 
-    shutil.copy(R.REFERENCE / "limits.parquet", tmp_path / "limits.parquet")
-    shutil.copy(R.REFERENCE / "softmax.parquet", tmp_path / "softmax.parquet")
+    from conftest import reference_before_softmax_backward
+
+    old = reference_before_softmax_backward(tmp_path / "old")
+    shutil.copy(old / "limits.parquet", tmp_path / "limits.parquet")
+    shutil.copy(old / "softmax.parquet", tmp_path / "softmax.parquet")
     assert "direction" not in pq.read_schema(tmp_path / "softmax.parquet").names
     fwd = R.load(tmp_path, "softmax")
     assert len(fwd) == pq.read_metadata(tmp_path / "softmax.parquet").num_rows

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 
 from triton_fusion_report.analysis import report as R  # noqa: E402
 
+from conftest import reference_before_softmax_backward  # noqa: E402
 from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,18 +62,16 @@ def _folder_missing_families(tmp: Path) -> Path:
 
 
 def _folder_with_softmax_backward(tmp: Path) -> Path:
-    """The reference with timed softmax backward rows appended as a second run (made up from the
-    forward's rows: the reference has no backward yet), as `append_run` adds a GPU run's."""
-    import shutil
-
+    """The reference before its softmax backward rows, with timed backward rows appended as a
+    second run (made up from the forward's rows), as `append_run` adds a GPU run's."""
     import pandas as pd
 
     from triton_fusion_report.analysis.append_run import append_run
 
     into, run = tmp / "with_backward", tmp / "backward_run"
-    shutil.copytree(R.REFERENCE, into)
+    reference_before_softmax_backward(into)
     run.mkdir()
-    fwd = pd.read_parquet(R.REFERENCE / "softmax.parquet")
+    fwd = pd.read_parquet(into / "softmax.parquet")
     bwd = fwd[fwd["sweep"] == "size"].assign(run_id="backward-run", op="softmax_bwd",
                                              direction="bwd", bytes_model=fwd["bytes_model"] * 1.5)
     fused = bwd["impl"] == "triton_fused"
@@ -228,24 +227,36 @@ def _chapter_namespace(qmd: Path, folder: Path, monkeypatch) -> dict:
     return namespace
 
 
-def test_softmax_backward_findings_without_backward_rows(tmp_path):
-    """The reference has no backward rows: the section says so, from the data; a folder without
+def test_softmax_backward_findings_without_backward_rows(tmp_path, monkeypatch):
+    """A reference without backward rows: the section says so, from the data; a folder without
     them says that neither it nor the reference has any."""
     import shutil
 
     from triton_fusion_report.analysis import findings as F
 
-    limits = R.load_limits(R.REFERENCE)
-    smb = R.load(R.REFERENCE, "softmax", op="softmax_bwd")
-    assert len(smb) == 0 and len(R.load(R.REFERENCE, "softmax")) > 0
+    old = reference_before_softmax_backward(tmp_path / "reference")
+    monkeypatch.setattr(R, "REFERENCE", old)
+    limits = R.load_limits(old)
+    smb = R.load(old, "softmax", op="softmax_bwd")
+    assert len(smb) == 0 and len(R.load(old, "softmax")) > 0
     said = str(F.softmax_backward_findings(smb, limits)["measured"])
     assert said.startswith("No softmax backward rows were measured in this reference:")
     assert "--op softmax_bwd" in said
     assert "none in this results folder" in R.md_table(F.softmax_backward_table(smb, limits))
+    run = tmp_path / "run"
+    run.mkdir()
     for name in ("limits.parquet", "softmax.parquet"):
-        shutil.copy(R.REFERENCE / name, tmp_path / name)
-    said = F.softmax_backward_findings(R.load(tmp_path, "softmax", op="softmax_bwd"), limits)
+        shutil.copy(old / name, run / name)
+    said = F.softmax_backward_findings(R.load(run, "softmax", op="softmax_bwd"), limits)
     assert "in this results folder, nor in the committed reference" in said["measured"]
+
+
+def test_softmax_backward_in_the_reference():
+    """The committed reference carries measured (GPU) softmax backward rows for every impl."""
+    smb = R.load(R.REFERENCE, "softmax", op="softmax_bwd")
+    ok = smb[smb["status"] == "ok"]
+    assert set(ok["impl"]) >= {"torch_eager", "torch_compile", "triton_unfused", "triton_fused"}
+    assert ok["ms_median"].notna().all() and set(ok["direction"]) == {"bwd"}
 
 
 def test_softmax_backward_findings_on_cpu_rows():
@@ -266,7 +277,7 @@ def test_softmax_backward_section_with_backward_rows(tmp_path, monkeypatch):
     ns = _chapter_namespace(ROOT / "report" / "reductions.qmd",
                             _folder_with_softmax_backward(tmp_path), monkeypatch)
     assert set(ns["sm"]["direction"]) == {"fwd"} and set(ns["smb"]["direction"]) == {"bwd"}
-    reference_fwd = R.load(R.REFERENCE, "softmax")
+    reference_fwd = R.load(reference_before_softmax_backward(tmp_path / "old"), "softmax")
     assert ns["fs"]["best"] == F.softmax_findings(reference_fwd, ns["copy_bw"])["best"]
     fb = ns["fb"]
     assert str(fb["measured"]).startswith("On the GPU alone (device time)")
@@ -289,6 +300,7 @@ def test_synthesis_keeps_the_softmax_forward(tmp_path):
         limits = R.load_limits(folder)
         return S.headline_table(frames, limits), S.predicted_vs_measured(frames, limits)
 
-    (head, pvm), (head_b, pvm_b) = tables(R.REFERENCE), tables(_folder_with_softmax_backward(tmp_path))
+    old = reference_before_softmax_backward(tmp_path / "old")
+    (head, pvm), (head_b, pvm_b) = tables(old), tables(_folder_with_softmax_backward(tmp_path))
     assert len(head) == 1 and len(pvm) > 0
     assert head.equals(head_b) and pvm.equals(pvm_b)

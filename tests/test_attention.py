@@ -327,6 +327,29 @@ def test_views_of_one_qkv_projection(causal, device):
         assert rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_reads_strided_views(causal, device):
+    """The backward kernels read q, k, v and dout at their own strides: grouped heads from views of
+    one projection, a transposed dout, and a KV cache longer than the queries; gradients against
+    float64 and contiguous, whatever the layouts."""
+    from triton_fusion_report.kernels import flash_attention as fa
+    from triton_fusion_report.kernels import flash_attention_backward as fab
+
+    batch, seq, seq_k, dim = 2, 21, 40, 16
+    qp = torch.randn(batch, seq, 4, dim + 8, device=device, dtype=torch.float16)[..., :dim]
+    kvp = torch.randn(batch, seq_k, 2, 2, dim, device=device, dtype=torch.float16)
+    q = qp.transpose(1, 2)
+    k, v = (kvp[:, :, i].transpose(1, 2) for i in range(2))
+    dout = torch.randn(batch, seq, 4, dim, device=device, dtype=torch.float16).transpose(1, 2)
+    assert not any(t.is_contiguous() for t in (q, k, v, dout))
+    out, lse = fa.triton_fused(q, k, v, causal, return_lse=True)
+    got = fab.attention_backward(q, k, v, out, lse, dout, causal, dim ** -0.5)
+    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
+                  *(t.double() for t in (q, k, v)), dout.double())
+    for g, w in zip(got, want):
+        assert g.is_contiguous() and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
+
+
 def test_one_query_attends_to_itself(device):
     """Causal row 0 sees key 0 only: its output is v[0] exactly."""
     q, k, v = qkv((1, 1, 37, 16), torch.float16, device)

@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import (cdiv, check_pow2, check_same, check_tensor, empty,
-                      interpreting, is_fake, next_pow2)
+from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty,
+                      interpreting, is_fake, layout_key, next_pow2, plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -260,8 +260,30 @@ def _use_host_descriptors(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+_CHECKED = plan_cache()  # layouts (with causal and sm_scale) that passed _check_layout
+
+
 def _check_inputs(q, k, v, causal, sm_scale):
-    """Validate; return sm_scale as a float."""
+    """Validate; return sm_scale as a float. What depends on the layouts alone is checked once
+    per layout (shapes, dtypes, devices, strides, causal, sm_scale: a bool or a NaN is never a
+    key, so it is checked, and refused, every time); the data's alignment every call."""
+    key = layout_key((q, k, v))
+    if key is not None and causal.__class__ is bool and (
+            sm_scale is None or sm_scale.__class__ is float or sm_scale.__class__ is int):
+        key = key + (causal, sm_scale.__class__, sm_scale)
+    else:
+        key = None
+    scale = cached(_CHECKED, key, _check_layout, q, k, v, causal, sm_scale)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # Fake tensors (torch.compile's tracing) have no address to check.
+        if (type(t) is torch.Tensor or not is_fake(t)) and t.data_ptr() % 16:
+            raise ValueError(f"{name}'s data is not 16-byte aligned (a sliced view?); call "
+                             f".clone() first")
+    return scale
+
+
+def _check_layout(q, k, v, causal, sm_scale):
+    """Everything _check_inputs checks but the data's alignment; returns sm_scale as a float."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64):
             dt = str(t.dtype).replace("torch.", "")
@@ -294,10 +316,6 @@ def _check_inputs(q, k, v, causal, sm_scale):
         if not t.is_contiguous() and any(st * t.element_size() % 16 for st in t.stride()[:-1]):
             raise ValueError(f"{name}'s strides {tuple(t.stride())} are not multiples of 16 "
                              f"bytes, which tensor descriptors need; call .contiguous() first")
-        # Fake tensors (torch.compile's tracing) have no address to check.
-        if (type(t) is torch.Tensor or not is_fake(t)) and t.data_ptr() % 16:
-            raise ValueError(f"{name}'s data is not 16-byte aligned (a sliced view?); call "
-                             f".clone() first")
     if max(t.shape[0] * t.shape[1] * t.shape[2] for t in (q, k)) >= 2**31:
         raise ValueError(f"batch * heads * seq must be < 2**31, got q {tuple(q.shape)}, k "
                          f"{tuple(k.shape)}")

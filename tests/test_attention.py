@@ -413,3 +413,20 @@ def test_bad_options_raise(device):
         at.triton_fused(q, k, v, causal=True, block_m=16, block_n=32)
     with pytest.raises(ValueError, match="block_m must be a power of two"):
         at.triton_fused(q, k, v, block_m=48)
+
+
+def test_cached_checks_still_refuse(device):
+    """After a valid call has cached its layout's checks, what the cache must not let through is
+    still refused: misaligned data of the same layout, a NaN or bool scale, a non-bool causal."""
+    q, k, v = qkv((1, 2, 24, 16), torch.float16, device)
+    at.triton_fused(q, k, v, False, 0.5)
+    buf = torch.randn(q.numel() + 1, device=device, dtype=torch.float16)
+    shifted = buf[1:].view(q.shape)  # same layout, data 2 bytes off
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        at.triton_fused(shifted, k, v, False, 0.5)
+    with pytest.raises(TypeError, match="sm_scale"):
+        at.triton_fused(q, k, v, False, float("nan"))
+    with pytest.raises(TypeError, match="sm_scale"):
+        at.triton_fused(q, k, v, False, True)
+    with pytest.raises(TypeError, match="causal"):
+        at.triton_fused(q, k, v, 0, 0.5)

@@ -18,7 +18,6 @@ import time
 import torch
 import torch._functorch.config as functorch_config
 import torch.nn.functional as F
-import triton
 
 from ..kernels import layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
 from ..kernels import row_softmax as sm
@@ -107,9 +106,10 @@ def main() -> None:
     if args.out:
         import pandas as pd
 
-        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                    triton=triton.__version__,
-                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        from .machine import run_metadata
+
+        meta = run_metadata(torch.device("cuda"))
+        meta["date"] = meta["started_at"]
         pd.DataFrame([dict(r, **meta) for r in table]).to_csv(args.out, index=False)
         print("->", args.out)
     if args.profile:

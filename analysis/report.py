@@ -103,7 +103,9 @@ def load_csv(results: Path, name: str) -> pd.DataFrame:
 def source_line(table: pd.DataFrame) -> str:
     """Where a CSV table (see `load_csv`) was measured: GPU, date, versions."""
     r = table.iloc[0]
-    return (f"Measured on {r['gpu']} on {str(r['date'])[:10]}, torch {r['torch']}, "
+    commit = f" at commit {str(r['git_commit'])[:12]}" if "git_commit" in r and pd.notna(
+        r["git_commit"]) else ""
+    return (f"Measured on {r['gpu']} on {str(r['date'])[:10]}{commit}, torch {r['torch']}, "
             f"triton {r['triton']}.")
 
 

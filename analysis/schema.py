@@ -32,6 +32,10 @@ MEASURED = {
     # by events inside the graph (analysis.timing.device_ms). No host, no cache-resident inputs.
     "ms_device": F,
 }
+# Provenance, added after the first reference runs (empty in older rows): a hash of the Python
+# sources that ran (machine.source_hash) and the GPU's state at the run's start.
+PROVENANCE = {"source_hash": S, "gpu_sm_clock_max_mhz": F, "gpu_power_limit_w": F,
+              "gpu_temp_c_at_start": F}
 # Shape columns of each family.
 FAMILY_SHAPES = {
     "elementwise": {"n": I, "z_kind": S},
@@ -61,12 +65,12 @@ LIMITS = {
 
 
 def family_schema(family: str) -> pa.Schema:
-    fields = {**BASE, **FAMILY_SHAPES[family], **MEASURED}
+    fields = {**BASE, **FAMILY_SHAPES[family], **MEASURED, **PROVENANCE}
     return pa.schema([(name, typ) for name, typ in fields.items()])
 
 
 def limits_schema() -> pa.Schema:
-    return pa.schema(list(LIMITS.items()))
+    return pa.schema(list({**LIMITS, **PROVENANCE}.items()))
 
 
 class ParquetSink:

@@ -276,3 +276,27 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
     reference_bwd = R.load(R.REFERENCE, "softmax", op="softmax_bwd")
     assert len(bwd) == len(reference_bwd) and bwd.attrs["from_reference"]
     assert not reference_bwd.attrs["from_reference"]
+
+
+def test_provenance(tmp_path, monkeypatch):
+    """A run records the full commit (a typed short one is refused), and a hash of the sources
+    that changes with them; a copy outside a git checkout records no borrowed commit."""
+    from triton_fusion_report.analysis import machine
+
+    monkeypatch.setenv("GIT_COMMIT", "abc123")
+    with pytest.raises(ValueError, match="40-character"):
+        machine.git_commit()
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40 + "-dirty")
+    assert machine.git_commit() == "a" * 40 + "-dirty"
+    monkeypatch.delenv("GIT_COMMIT")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.py").write_text("x = 1\n")
+    monkeypatch.setattr(machine, "ROOT", tmp_path)
+    assert machine.git_commit() == "unknown"
+    before = machine.source_hash()
+    assert len(before) == 16 and machine.source_hash() == before
+    (tmp_path / "kernels" / "k.py").write_text("x = 2\n")
+    assert machine.source_hash() != before
+    meta = machine.run_metadata(torch.device("cpu"))
+    assert meta["source_hash"] == machine.source_hash()
+    assert set(schema.PROVENANCE) <= set(meta)

@@ -106,12 +106,14 @@ def _sdpa(backend: str, causal: bool):
 
     def call(q, k, v):
         with sdpa_kernel(chosen):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                  enable_gqa=q.shape[1] != k.shape[1])
     return call
 
 
-def _attn_inputs(shape, dtype, device):
-    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+def _attn_inputs(shape, dtype, device, n=3):
+    """n random tensors of one shape: q, k, v (and dout)."""
+    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(n))
 
 
 def attention_problems(grid: str = "full") -> list[Problem]:
@@ -221,8 +223,8 @@ def attention_fwd_bwd_problems(grid: str = "full") -> list[Problem]:
                     precision=str(dtype).replace("torch.", ""),
                     shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim,
                                causal=causal, kv_heads=heads, seq_k=seq),
-                    make_inputs=functools.partial(_attn_inputs_grad,
-                                                  (batch, heads, seq, head_dim), dtype),
+                    make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim),
+                                                  dtype, n=4),
                     reference=functools.partial(reference64_grads, causal=causal),
                     bytes_model=nbytes,
                     flops_model=traffic.attention_fwd_bwd_flops(batch, heads, seq, head_dim,
@@ -237,10 +239,6 @@ def attn_op(q, k, v, causal):
     from ..kernels import attention
 
     return attention(q, k, v, causal)
-
-
-def _attn_inputs_grad(shape, dtype, device):
-    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(4))
 
 
 # --- decoding: one query per head against a KV cache ----------------------------------------
@@ -260,17 +258,6 @@ def _decode_inputs(batch, heads, kv_heads, seq_k, head_dim, dtype, device):
     return q, k, v
 
 
-def _sdpa_gqa(backend: str):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = getattr(SDPBackend, backend)
-
-    def call(q, k, v):
-        with sdpa_kernel(chosen):
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
-    return call
-
-
 def attention_decode_problems(grid: str = "full") -> list[Problem]:
     """Sq = 1 against seq_k keys: memory-bound (K and V read once), so GB/s against the copy
     bandwidth is the measure; SDPA's backends as the bar (the efficient one takes no grouped
@@ -285,7 +272,7 @@ def attention_decode_problems(grid: str = "full") -> list[Problem]:
             nbytes = traffic.total(kernels_)
             backends = {n: b for n, b in SDPA_BACKENDS.items()
                         if kv_heads == heads or n != "sdpa_efficient"}
-            variants = [Variant(n, _sdpa_gqa(b), bytes_impl=nbytes) for n, b in backends.items()]
+            variants = [Variant(n, _sdpa(b, False), bytes_impl=nbytes) for n, b in backends.items()]
             variants.append(Variant("triton_fused", attn.triton_fused, variant="split keys",
                                     bytes_impl=nbytes))
             out.append(Problem(

@@ -202,6 +202,20 @@ def default_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
+# The unfused baselines' tile: one row's worth up to this, then loops over tiles of this width.
+UNFUSED_BLOCK = 4096
+
+
+def unfused_tile(n_cols: int, block=None, num_warps=None) -> tuple[int, int]:
+    """(block, num_warps) of an unfused baseline's kernels: the row rounded up to a power of two
+    (at most UNFUSED_BLOCK) unless given, warps from the block unless given; both checked."""
+    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
+    check_pow2("block", block)
+    num_warps = default_warps(block) if num_warps is None else num_warps
+    check_warps(num_warps)
+    return block, num_warps
+
+
 
 # ------------------------------------------------------------------------------------------------
 # Plans and checks, remembered. A public function checks its inputs and plans its launches on
@@ -499,5 +513,6 @@ __all__ = [
     "sm_count_of",
     "specialization_key",
     "triton",
+    "unfused_tile",
     "upcast_bf16",
 ]

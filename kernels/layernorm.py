@@ -24,12 +24,10 @@ import triton.language as tl
 
 from . import layernorm_backward as _bwd
 from ._common import (FLOAT_DTYPES, as_rows, cached, cdiv, check_contiguous, check_pow2,
-                      check_same, check_tensor, check_warps, default_warps, empty, empty_like,
-                      launch, layout_key, next_pow2, plan_cache)
+                      check_same, check_tensor, check_warps, empty, empty_like, launch,
+                      layout_key, plan_cache, unfused_tile)
 from .layernorm_backward import BWD_MAX_ONE_TILE, bwd_groups
 from .layernorm_forward import MAX_ONE_TILE, fwd_launch, run_forward
-
-UNFUSED_BLOCK = 4096
 
 
 def reference(x: torch.Tensor, weight, bias, eps: float = 1e-5) -> torch.Tensor:
@@ -228,8 +226,7 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
     -> shift, each result stored and read back by the next (scale/shift skipped for None)."""
     rows, n_rows, n_cols = _check_inputs(x, weight, bias, eps)
     _check_options(block, num_warps)
-    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
-    num_warps = default_warps(block) if num_warps is None else num_warps
+    block, num_warps = unfused_tile(n_cols, block, num_warps)
     if rows is None:
         return empty(x.shape, x.dtype, x.device)
     mean = empty((n_rows,), torch.float32, x.device)

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ._common import (as_rows, cached, cdiv, check_pow2, check_warps, default_warps, empty,
                       empty_like, interpreting, launch, layout_key, next_pow2, plan_cache,
-                      sm_count_of)
+                      sm_count_of, unfused_tile)
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768
@@ -54,7 +54,6 @@ ONLINE_BLOCK = 32768
 ONLINE_MAX_ROW_BYTES = 256 * 1024
 # Tile of the split path: smaller, so that a few long rows still make enough programs.
 SPLIT_BLOCK = 8192
-UNFUSED_BLOCK = 4096
 # The split path aims at this many programs per SM in all.
 SPLIT_PROGRAMS_PER_SM = 2
 
@@ -415,10 +414,7 @@ def triton_unfused(x: torch.Tensor, *, block=None, num_warps=None) -> torch.Tens
     """Three Triton kernels: row max (stored), row sum of exp(x - max) (stored), then
     out = exp(x - max) / sum. block: the tile of every kernel (any row length)."""
     rows, n_rows, n_cols = as_rows("x", x)
-    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
-    check_pow2("block", block)
-    num_warps = default_warps(block) if num_warps is None else num_warps
-    check_warps(num_warps)
+    block, num_warps = unfused_tile(n_cols, block, num_warps)
     out = empty(x.shape, x.dtype, x.device)
     if rows is None:
         return out

@@ -18,15 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (as_rows, cdiv, check_pow2, check_same, check_warps, default_warps, empty,
-                      launch, next_pow2)
+from ._common import as_rows, cdiv, check_same, empty, launch, next_pow2, unfused_tile
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096
 # Elements a program holds (ROWS rows of a short row length).
 TILE = 4096
-# Tile of both unfused kernels (any row length).
-UNFUSED_BLOCK = 4096
 
 ONE_TILE, TWO_PASS = "one_tile", "two_pass"
 
@@ -164,10 +161,7 @@ def triton_unfused(y: torch.Tensor, dy: torch.Tensor, *, block=None, num_warps=N
     """Two Triton kernels: the row sums of y * dy (stored, float32), then dx = y * (dy - sum).
     block: the tile of both kernels (any row length)."""
     y_rows, dy_rows, n_rows, n_cols = _check_pair(y, dy)
-    block = min(UNFUSED_BLOCK, max(16, next_pow2(n_cols))) if block is None else block
-    check_pow2("block", block)
-    num_warps = default_warps(block) if num_warps is None else num_warps
-    check_warps(num_warps)
+    block, num_warps = unfused_tile(n_cols, block, num_warps)
     dx = empty(y.shape, y.dtype, y.device)
     if y_rows is None:
         return dx

@@ -5,12 +5,13 @@
 1. Same bits: every public op (LayerNorm's backward too) on inputs that cross what Triton
    specialises on (16-byte-aligned pointers and not, sizes divisible by 16 and not, sizes of 1,
    each dtype, strided views), computed with the fast path off (every launch through
-   JITFunction.run), then three rounds of all of them in turn with it on: each output must equal
-   the first bit for bit. In the last round every key has been seen, so no launch may go through
+   JITFunction.run), then four rounds of all of them in turn with it on (the fourth with tensors
+   passed to the launcher as addresses, `_common.POINTERS_AS_INTS`): each output must equal the
+   first bit for bit. In the last round every key has been seen, so no launch may go through
    JITFunction.run (counted).
 2. Host cost: wall-clock microseconds a call of many back-to-back calls (launch_cost.host_us) of
-   each op at launch_cost's tiny sizes, fast path off and on, beside an empty kernel's raw launch
-   (1 and 10 arguments). Target (issue 12): <= 25 us and <= 1.25x the raw launch.
+   each op at launch_cost's tiny sizes, fast path off, on, and on with addresses, beside an empty
+   kernel's raw launch (1 and 10 arguments). Target (issue 12): <= 25 us and <= 1.25x the raw launch.
 Exit status 1 if an output differs or the fast path did not take over.
 """
 from __future__ import annotations
@@ -86,6 +87,23 @@ def cases(dev):
         yield f"linear_act 64^3 gelu {tag}", lambda x=xm, w=wm, b=bm: kernels.linear_act(x, w, b)
         yield f"linear_act 33x20x100 relu {tag} w^T", lambda x=x3, w=w3: kernels.linear_act(
             x, w, None, "relu")
+        if dtype == f:
+            continue  # attention takes float16 and bfloat16
+        q, k, v = (r(1, 2, 128, 64, dtype=dtype) for _ in range(3))
+        qkv = r(2, 100, 3, 4, 64, dtype=dtype)
+        q20, k20, v20 = (r(1, 2, 40, 20, dtype=dtype) for _ in range(3))
+        qd, kd, vd = r(2, 8, 1, 128, dtype=dtype), r(2, 2, 1000, 128, dtype=dtype), \
+            r(2, 2, 1000, 128, dtype=dtype)
+        for causal in (False, True):
+            yield f"attention 1x2x128x64 {tag} causal={causal}", lambda q=q, k=k, v=v, c=causal: (
+                kernels.attention(q, k, v, causal=c))
+            yield f"attention qkv views 2x4x100x64 {tag} causal={causal}", \
+                lambda t=qkv, c=causal: kernels.attention(
+                    *(t[:, :, i].transpose(1, 2) for i in range(3)), causal=c)
+            yield f"attention d20 {tag} causal={causal}", lambda q=q20, k=k20, v=v20, c=causal: (
+                kernels.attention(q, k, v, causal=c))
+            yield f"attention decode 2x8x1 kv 2x1000 {tag} causal={causal}", \
+                lambda q=qd, k=kd, v=vd, c=causal: kernels.attention(q, k, v, causal=c)
 
 
 def _as_tuple(out):
@@ -120,7 +138,8 @@ def check_same_bits(dev) -> tuple[int, int]:
     differences = 0
     JITFunction.run = counted
     try:
-        for round_ in range(3):
+        for round_ in range(4):  # the last with tensors passed as addresses
+            _common.POINTERS_AS_INTS = round_ == 3
             runs["n"] = 0
             for name, fn in all_cases:
                 got = _as_tuple(fn())
@@ -130,7 +149,8 @@ def check_same_bits(dev) -> tuple[int, int]:
                     print(f"DIFFERS (round {round_}): {name}")
     finally:
         JITFunction.run = original
-    print(f"{len(all_cases)} cases x 3 rounds with the fast path: {differences} differ from the "
+        _common.POINTERS_AS_INTS = False
+    print(f"{len(all_cases)} cases x 4 rounds with the fast path: {differences} differ from the "
           f"normal path; JITFunction.run calls in the last round: {runs['n']}")
     return differences, runs["n"]
 
@@ -144,6 +164,8 @@ def host_table(dev, calls: int) -> list[dict]:
     xs, vs = r(1, 64, 64), r(1, 64, 64)
     xm, wm, bm = r(64, 64), r(64, 64), r(64)
     p = torch.empty(16, device=dev)
+    q, k, v = r(1, 2, 128, 64), r(1, 2, 128, 64), r(1, 2, 128, 64)
+    qd, kd, vd = r(1, 32, 1, 128), r(1, 8, 4096, 128), r(1, 8, 4096, 128)
     stats = ln._fused_forward(s, w, b, 1e-5, None, None, None)[1]
     ops = [
         ("raw launch, 1 arg", lambda: _noop1[(1,)](p, BLOCK=16)),
@@ -158,23 +180,27 @@ def host_table(dev, calls: int) -> list[dict]:
         ("softmax_matmul 1x64x64x64", lambda: kernels.softmax_matmul(xs, vs)),
         ("matmul_softmax 64^3", lambda: kernels.matmul_softmax(xm, wm, bm)),
         ("linear_act 64^3 gelu", lambda: kernels.linear_act(xm, wm, bm)),
+        ("attention 1x2x128x64", lambda: kernels.attention(q, k, v)),
+        ("attention decode 1x32x1, kv 8x4096", lambda: kernels.attention(qd, kd, vd)),
     ]
     raw10 = None
     rows = []
-    print(f"{'op (fp16)':34s} {'fast off us':>12s} {'fast on us':>11s} {'on / raw10':>11s}")
+    print(f"{'op (fp16)':34s} {'fast off us':>12s} {'fast on us':>11s} {'+ int ptrs':>11s} "
+          f"{'on / raw10':>11s}")
     for name, fn in ops:
         timings = {}
-        for fast in (False, True):
-            _common.FAST_LAUNCH = fast
-            timings[fast] = host_us(fn, calls)
-        _common.FAST_LAUNCH = True
+        for mode in ("off", "on", "ints"):
+            _common.FAST_LAUNCH = mode != "off"
+            _common.POINTERS_AS_INTS = mode == "ints"
+            timings[mode] = host_us(fn, calls)
+        _common.FAST_LAUNCH, _common.POINTERS_AS_INTS = True, False
         if name == "raw launch, 10 args":
-            raw10 = timings[False]
-        ratio = timings[True] / raw10 if raw10 and not name.startswith("raw") else None
-        print(f"{name:34s} {timings[False]:12.1f} {timings[True]:11.1f} "
+            raw10 = timings["off"]
+        ratio = timings["on"] / raw10 if raw10 and not name.startswith("raw") else None
+        print(f"{name:34s} {timings['off']:12.1f} {timings['on']:11.1f} {timings['ints']:11.1f} "
               f"{'' if ratio is None else f'{ratio:11.2f}'}", flush=True)
-        rows.append(dict(op=name, fast_off_us=timings[False], fast_on_us=timings[True],
-                         on_over_raw10=ratio))
+        rows.append(dict(op=name, fast_off_us=timings["off"], fast_on_us=timings["on"],
+                         fast_on_int_pointers_us=timings["ints"], on_over_raw10=ratio))
     return rows
 
 

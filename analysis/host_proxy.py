@@ -137,6 +137,9 @@ def _cases():
     dy = r(8, 1024)
     xs, vs = r(1, 64, 64), r(1, 64, 64)
     xm, wm, bm = r(64, 64), r(64, 64), r(64)
+    q, k, v = r(1, 2, 128, 64), r(1, 2, 128, 64), r(1, 2, 128, 64)
+    qkv = r(1, 128, 3, 2, 64)
+    qd, kd, vd = r(1, 8, 1, 64), r(1, 2, 1024, 64), r(1, 2, 1024, 64)
     yield "add_mul 4096", lambda: kernels.add_mul(x, y, z)
     yield "add_mul 4096 scalar", lambda: kernels.add_mul(x, y, 0.5)
     yield "softmax 8x1024", lambda: kernels.softmax(s)
@@ -146,6 +149,10 @@ def _cases():
     yield "softmax_matmul 1x64x64x64", lambda: kernels.softmax_matmul(xs, vs)
     yield "matmul_softmax 64^3", lambda: kernels.matmul_softmax(xm, wm, bm)
     yield "linear_act 64^3 gelu", lambda: kernels.linear_act(xm, wm, bm)
+    yield "attention 1x2x128x64", lambda: kernels.attention(q, k, v)
+    yield "attention 1x2x128x64 qkv views", lambda: kernels.attention(
+        *(qkv[:, :, i].transpose(1, 2) for i in range(3)))
+    yield "attention decode 1x8x1x1024, 2 kv", lambda: kernels.attention(qd, kd, vd)
 
 
 def _us_per_call(fn, calls: int, batches: int = 25) -> float:
@@ -194,12 +201,17 @@ def measure(calls: int = 2000) -> list[tuple[str, float, float]]:
 
 def _describe(record):
     """A launch as the C launcher gets it, minus the launch metadata and hooks (None on the fast
-    path, empty hook chains on Triton's): tensors by layout and 16-byte alignment."""
+    path, empty hook chains on Triton's): tensors by layout and 16-byte alignment, host tensor
+    descriptors by their base's and their own fields."""
     import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     def arg(a):
         if isinstance(a, torch.Tensor):
             return ("tensor", tuple(a.shape), a.stride(), a.dtype, a.data_ptr() % 16 == 0)
+        if isinstance(a, TensorDescriptor):
+            return ("descriptor", arg(a.base), tuple(a.shape), tuple(a.strides),
+                    tuple(a.block_shape), a.padding)
         return a
 
     return (record[:9], record[9], tuple(arg(a) for a in record[13:]))

@@ -24,6 +24,7 @@ from triton.compiler import CompiledKernel
 from triton.knobs import HookChain
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _Tensor = torch.Tensor
@@ -316,6 +317,10 @@ def cached(cache: dict, key, compute, *args):
 # Off: TRITON_FUSION_FAST_LAUNCH=0 in the environment, or `_common.FAST_LAUNCH = False` at run time
 # (every launch then goes through kernel[grid]).
 FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
+# Tensors passed to the launcher as their addresses: it then skips its per-pointer
+# cuPointerGetAttribute check (a driver call each), which the ops' own checks (CUDA tensors of one
+# device) make redundant. An experiment, measured by analysis/launch_cost.py (off by default).
+POINTERS_AS_INTS = os.environ.get("TRITON_FUSION_POINTERS_AS_INTS", "0") == "1"
 # Compiled kernels remembered per JITFunction; a full table is emptied and refills.
 FAST_LAUNCH_MAX_ENTRIES = 1024
 # specialization_key and launch mirror Triton 3.6's JITFunction.run: other versions take the
@@ -333,11 +338,14 @@ def specialization_key(args, prefix=()) -> tuple | None:
     Triton (the binder of runtime/jit.py, native_specialize_impl of python/src/specialize.cc)
     types a tensor by its dtype and marks it when data_ptr() is a multiple of 16; makes an int
     equal to 1 a constexpr, types other ints i32, i64 or u64 by range and marks them when divisible
-    by 16; types a float fp32 (any value), a bool u1, None a constexpr. This key records all of
+    by 16; types a float fp32 (any value), a bool u1, None a constexpr, a host TensorDescriptor
+    by its base's dtype and its block shape (its shape, strides and padding are runtime values,
+    turned into a TMA descriptor by the launcher at every call). This key records all of
     that for every argument, also where a parameter's `do_not_specialize` or annotation makes
     Triton ignore part of it: finer than Triton's, never coarser. (Read in order, it is
-    unambiguous: a dtype is always followed by its alignment, and no other entry equals a dtype,
-    a keyword's (name, value) pair or another kind's entry.)"""
+    unambiguous: a dtype is always followed by its alignment, or preceded by "tensordesc" and
+    followed by a block shape, and no other entry equals a dtype, a keyword's (name, value) pair
+    or another kind's entry.)"""
     key = list(prefix)
     append = key.append
     for a in args:
@@ -360,6 +368,10 @@ def specialization_key(args, prefix=()) -> tuple | None:
             append("u1")
         elif a is None:
             append(None)
+        elif cls is TensorDescriptor and a.base.__class__ is _Tensor:
+            append("tensordesc")
+            append(a.base.dtype)
+            append(tuple(a.block_shape))
         else:
             return None
     return tuple(key)
@@ -476,6 +488,8 @@ def launch(kernel, grid, *args, **kwargs):
     grid_1 = grid[1] if n > 1 else 1
     grid_2 = grid[2] if n > 2 else 1
     stream = active.get_current_stream(device)
+    if POINTERS_AS_INTS:
+        args = [a.data_ptr() if a.__class__ is _Tensor else a for a in args]
     # No hooks are set (checked above): no launch metadata, None for the hooks.
     if entry.direct:
         entry.launcher.launch(grid_0, grid_1, grid_2, stream, entry.function, entry.coop,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty,
-                      interpreting, is_fake, layout_key, next_pow2, plan_cache)
+                      interpreting, is_fake, launch, layout_key, next_pow2, plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -187,6 +188,18 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
                  mask=offs_m < SEQ)
 
 
+def _descriptor(t, shape, strides):
+    """A host TensorDescriptor over t (block shape set before each launch), made without the
+    dataclass's own checks where _check_inputs has made them (a 16-byte aligned base, strides of
+    16-byte multiples, a unit last stride): they cost more host time than a small launch."""
+    if not all(shape):
+        return TensorDescriptor(t, shape, strides, [1] * len(shape))  # raises: an empty dim
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, [1] * len(shape), \
+        "zero"
+    return d
+
+
 def _descriptor_pre_hook(nargs):
     """Host descriptors carry their block shape: set it from the config to be launched."""
     if isinstance(nargs["Q"], TensorDescriptor):
@@ -222,14 +235,14 @@ def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def _tune(key, seq, launch) -> tuple:
+def _tune(key, seq, run) -> tuple:
     """Time every candidate (128-row blocks only when there are 128 queries to fill them) and
     keep the fastest; candidates that do not compile (shared memory) are skipped."""
     candidates = [c for c in CONFIGS if c[0] <= max(64, seq)]
     timings = {}
     for cfg in candidates:
         try:
-            timings[cfg] = _bench(lambda: launch(cfg))
+            timings[cfg] = _bench(lambda: run(cfg))
         except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
             continue
     if not timings:
@@ -243,7 +256,7 @@ def default_config(seq: int, head_dim: int, causal: bool) -> dict:
     if interpreting():
         # The interpreter's cost is per program and per tile: small tiles, still several of them.
         return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     if seq <= 64:
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
     if block_d <= 64:
@@ -263,10 +276,11 @@ def _use_host_descriptors(device: torch.device) -> bool:
 _CHECKED = plan_cache()  # layouts (with causal and sm_scale) that passed _check_layout
 
 
-def _check_inputs(q, k, v, causal, sm_scale):
-    """Validate; return sm_scale as a float. What depends on the layouts alone is checked once
-    per layout (shapes, dtypes, devices, strides, causal, sm_scale: a bool or a NaN is never a
-    key, so it is checked, and refused, every time); the data's alignment every call."""
+def _check_inputs(q, k, v, causal, sm_scale, with_key=False):
+    """Validate; return sm_scale as a float (with_key: and the key the layout was checked under,
+    None where it is not cached). What depends on the layouts alone is checked once per layout
+    (shapes, dtypes, devices, strides, causal, sm_scale: a bool or a NaN is never a key, so it is
+    checked, and refused, every time); the data's alignment every call."""
     key = layout_key((q, k, v))
     if key is not None and causal.__class__ is bool and (
             sm_scale is None or sm_scale.__class__ is float or sm_scale.__class__ is int):
@@ -279,7 +293,7 @@ def _check_inputs(q, k, v, causal, sm_scale):
         if (type(t) is torch.Tensor or not is_fake(t)) and t.data_ptr() % 16:
             raise ValueError(f"{name}'s data is not 16-byte aligned (a sliced view?); call "
                              f".clone() first")
-    return scale
+    return (scale, key) if with_key else scale
 
 
 def _check_layout(q, k, v, causal, sm_scale):
@@ -347,12 +361,18 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     and no launch parameter given: the keys are split across programs instead
     (kernels.flash_decoding), so that one query per head still fills the GPU.
     """
-    sm_scale = _check_inputs(q, k, v, causal, sm_scale)
-    if flash_decoding.applies(q, k) and all(
-            p is None for p in (block_m, block_n, num_warps, num_stages)):
+    sm_scale, key = _check_inputs(q, k, v, causal, sm_scale, with_key=True)
+    return_lse = bool(return_lse)
+    options = (block_m, block_n, num_warps, num_stages)
+    if key is not None and all(o is None or o.__class__ is int for o in options):
+        key = key + options + (return_lse,)
+    else:
+        key = None  # (an option of another type is checked, and refused, every call)
+    plan = cached(_PLANS, key, _plan, q, k, v, causal, sm_scale, options, return_lse)
+    if plan.route == "decode":
         out, lse = flash_decoding.attention(q, k, v, causal, sm_scale)
         return (out, lse) if return_lse else out
-    if q.shape[-1] % 8:
+    if plan.route == "pad":
         # Tensor descriptors need rows of 16 bytes: zero columns up to a multiple of 8 change no
         # dot product (a copy of q, k, v; only for such head dims).
         pad = 8 - q.shape[-1] % 8
@@ -365,59 +385,88 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     batch, heads, seq, head_dim = q.shape
     out = empty(q.shape, q.dtype, q.device)
     lse = empty((batch * heads, seq), torch.float32, q.device) if return_lse else None
-    if out.numel() == 0:
+    if plan.route == "empty":
         return (out, lse) if return_lse else out
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    tuned = not interpreting() and all(
-        p is None for p in (block_m, block_n, num_warps, num_stages))
-    host = _use_host_descriptors(q.device)
-    strided = not all(t.is_contiguous() for t in (q, k, v))
-    if strided and not host:
+    if plan.copy:
         q, k, v = (t.contiguous() for t in (q, k, v))  # device-side descriptors: 2-D only
-        strided = False
-    if host and strided:
+    if plan.host and plan.strided:
         # Block shapes are filled in just before each launch (_descriptor_pre_hook).
-        q_arg, k_arg, v_arg = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 1, 1])
-                               for t in (q, k, v))
-    elif host:
-        q_arg, k_arg, v_arg = (TensorDescriptor(t, [t.shape[0] * t.shape[1] * t.shape[2],
-                                                    head_dim], [head_dim, 1], [1, 1])
-                               for t in (q, k, v))
+        q_arg, k_arg, v_arg = (_descriptor(t, list(t.shape), list(t.stride())) for t in (q, k, v))
+    elif plan.host:
+        q_arg, k_arg, v_arg = (_descriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim],
+                                           [head_dim, 1]) for t in (q, k, v))
     else:
         q_arg, k_arg, v_arg = q, k, v
         if q.is_cuda:
             # Descriptors made inside the kernel need a global-memory scratch area on sm_90+.
             triton.set_allocator(lambda size, alignment, stream:
                                  torch.empty(size, dtype=torch.int8, device=q.device))
-    seq_k, group = k.shape[2], heads // k.shape[1]
     args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, batch * heads, seq,
-            seq_k, heads, group)
+            k.shape[2], heads, heads // k.shape[1])
+    consts = plan.consts
+
+    def run(cfg):
+        bm, bn, warps, stages = cfg
+        if plan.host:
+            _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=bm, BLOCK_N=bn,
+                                      BLOCK_D=consts["BLOCK_D"]))
+        launch(_attn_fwd, (cdiv(seq, bm), batch * heads), *args, **consts, BLOCK_M=bm,
+               BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+    cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run)
+    run(cfg)
+    return (out, lse) if return_lse else out
+
+
+class _Plan(NamedTuple):
+    """What triton_fused does for one layout of q, k, v with its options. route: "decode"
+    (flash_decoding), "pad" (head_dim padded to a multiple of 8, then "main"), "empty" (no
+    output element) or "main"; copy: make q, k, v contiguous first; consts: the kernel's
+    constexprs but the blocks; cfg: (block_m, block_n, num_warps, num_stages), or None to take
+    the tuned config under tune_key."""
+    route: str
+    host: bool = False
+    strided: bool = False
+    copy: bool = False
+    consts: dict | None = None
+    cfg: tuple | None = None
+    tune_key: tuple | None = None
+
+
+_PLANS = plan_cache()
+
+
+def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
+    """triton_fused's plan for inputs that passed _check_inputs (see _Plan); raises on bad
+    launch options."""
+    block_m, block_n, num_warps, num_stages = options
+    if flash_decoding.applies(q, k) and all(p is None for p in options):
+        return _Plan("decode")
+    batch, heads, seq, head_dim = q.shape
+    if head_dim % 8:
+        return _Plan("pad")
+    if q.numel() == 0:
+        return _Plan("empty")
+    host = _use_host_descriptors(q.device)
+    strided = not all(t.is_contiguous() for t in (q, k, v))
+    copy = strided and not host
+    strided = strided and host
+    block_d = max(16, next_pow2(head_dim))
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
-                  STORE_LSE=lse is not None, STRIDED=strided)
-
-    def launch(cfg):
-        bm, bn, warps, stages = cfg
-        if host:
-            _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=bm, BLOCK_N=bn,
-                                      BLOCK_D=block_d))
-        _attn_fwd[(cdiv(seq, bm), batch * heads)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn,
-                                                  num_warps=warps, num_stages=stages)
-
-    if tuned:
-        key = (seq_bucket(seq), seq_bucket(seq_k), head_dim, causal, q.dtype, q.device)
-        cfg = _TUNED.get(key) or _tune(key, seq, launch)
-    else:
-        d = default_config(seq, head_dim, causal)
-        block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)
-        block_n = check_pow2("block_n", d["block_n"] if block_n is None else block_n, why=DOT_MIN)
-        if causal and block_m % block_n:
-            raise ValueError(f"causal attention needs block_m to be a multiple of block_n, got "
-                             f"block_m={block_m}, block_n={block_n}")
-        cfg = (block_m, block_n, d["num_warps"] if num_warps is None else num_warps,
-               d["num_stages"] if num_stages is None else num_stages)
-    launch(cfg)
-    return (out, lse) if return_lse else out
+                  STORE_LSE=return_lse, STRIDED=strided)
+    if not interpreting() and all(p is None for p in options):
+        tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device)
+        return _Plan("main", host, strided, copy, consts, None, tune_key)
+    d = default_config(seq, head_dim, causal)
+    block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)
+    block_n = check_pow2("block_n", d["block_n"] if block_n is None else block_n, why=DOT_MIN)
+    if causal and block_m % block_n:
+        raise ValueError(f"causal attention needs block_m to be a multiple of block_n, got "
+                         f"block_m={block_m}, block_n={block_n}")
+    cfg = (block_m, block_n, d["num_warps"] if num_warps is None else num_warps,
+           d["num_stages"] if num_stages is None else num_stages)
+    return _Plan("main", host, strided, copy, consts, cfg)
 
 
 # ---------------------------------------------------------------------------------- unfused

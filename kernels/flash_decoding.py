@@ -14,11 +14,15 @@ to 256 (masked to the next power of two). One split stores the final output dire
 """
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, empty, interpreting, launch, next_pow2, sm_count_of
+from ._common import (cached, cdiv, empty, interpreting, launch, layout_key, next_pow2,
+                      plan_cache, plan_strides, sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -148,13 +152,49 @@ def attention(q, k, v, causal: bool, sm_scale: float, *, num_splits=None, block_
               num_warps=None, num_stages=None):
     """out (q's shape and dtype) and lse (float32 (batch * heads, seq_q), base 2), inputs checked
     by flash_attention._check_inputs. num_splits: chunks of the keys (None: default_splits)."""
+    options = (num_splits, block_n, num_warps, num_stages)
+    key = layout_key((q, k, v), options)
+    plan = cached(_PLANS, None if key is None else key + (causal,), _plan, q, k, v, causal,
+                  options)
+    out = empty(q.shape, q.dtype, q.device)
+    lse = empty((q.shape[0] * q.shape[1], q.shape[2]), torch.float32, q.device)
+    if plan is None:
+        return out, lse
+    if plan.final:
+        part, part_lse = out, lse
+    else:
+        part = empty(plan.part_shape, torch.float32, q.device)
+        part_lse = empty(plan.part_shape[:3], torch.float32, q.device)
+    launch(_decode_split, plan.grid, q, k, v, part, part_lse, sm_scale, *plan.split_args,
+           **plan.split_consts)
+    if not plan.final:
+        launch(_decode_merge, plan.merge_grid, part, part_lse, out, lse, *plan.merge_args,
+               **plan.merge_consts)
+    return out, lse
+
+
+class _Plan(NamedTuple):
+    grid: tuple
+    split_args: tuple  # after sm_scale
+    split_consts: dict
+    final: bool  # one split: the split kernel stores the output
+    part_shape: tuple
+    merge_grid: tuple
+    merge_args: tuple  # after lse
+    merge_consts: dict
+
+
+_PLANS = plan_cache()
+
+
+def _plan(q, k, v, causal, options) -> _Plan | None:
+    """The launches for one layout of q, k, v (None: no output element)."""
+    num_splits, block_n, num_warps, num_stages = options
     batch, heads, seq, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     group = heads // kv_heads
-    out = empty(q.shape, q.dtype, q.device)
-    lse = empty((batch * heads, seq), torch.float32, q.device)
-    if out.numel() == 0:
-        return out, lse
+    if q.numel() == 0:
+        return None
     block_m = max(16, next_pow2(seq * group))
     block_d = max(16, next_pow2(head_dim))
     if block_n is None:
@@ -164,28 +204,21 @@ def attention(q, k, v, causal: bool, sm_scale: float, *, num_splits=None, block_
     chunk = cdiv(cdiv(seq_k, splits), block_n) * block_n
     splits = cdiv(seq_k, chunk)
     final = splits == 1
-    if final:
-        part, part_lse, sx, slx = out, lse, 0, 0
-    else:
-        part = torch.empty((splits, batch * kv_heads, block_m, block_d), dtype=torch.float32,
-                           device=q.device)
-        part_lse = torch.empty((splits, batch * kv_heads, block_m), dtype=torch.float32,
-                               device=q.device)
-        sx, slx = part.stride(0), part_lse.stride(0)
-    warps = num_warps or 4
-    stages = num_stages or (1 if interpreting() else 3)
-    launch(_decode_split, (splits, batch * kv_heads),
-        q, k, v, part, part_lse, sm_scale, seq, seq_k, kv_heads, group, chunk,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *out.stride()[:3], sx, slx,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, UPCAST=_upcast_bf16(q.dtype),
-        FINAL=final, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-    if not final:
-        launch(_decode_merge, (batch * kv_heads,),
-            part, part_lse, out, lse, seq, kv_heads, group, splits, *out.stride()[:3], sx, slx,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-            BLOCK_S=max(2, next_pow2(splits)), num_warps=4)
-    return out, lse
+    part_shape = (splits, batch * kv_heads, block_m, block_d)
+    # The partials' per-split strides (contiguous, as `empty` makes them); 0 when final.
+    sx, slx = (0, 0) if final else (math.prod(part_shape[1:]), math.prod(part_shape[1:3]))
+    out_strides = (heads * seq * head_dim, seq * head_dim, head_dim)  # out: contiguous
+    split_args = (seq, seq_k, kv_heads, group, chunk, *plan_strides(q)[:3], *plan_strides(k)[:3],
+                  *plan_strides(v)[:3], *out_strides, sx, slx)
+    split_consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
+                        UPCAST=_upcast_bf16(q.dtype), FINAL=final, BLOCK_M=block_m,
+                        BLOCK_N=block_n, num_warps=num_warps or 4,
+                        num_stages=num_stages or (1 if interpreting() else 3))
+    merge_args = (seq, kv_heads, group, splits, *out_strides, sx, slx)
+    merge_consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
+                        BLOCK_S=max(2, next_pow2(splits)), num_warps=4)
+    return _Plan((splits, batch * kv_heads), split_args, split_consts, final, part_shape,
+                 (batch * kv_heads,), merge_args, merge_consts)
 
 
 __all__ = ["applies", "attention", "default_splits"]

@@ -344,6 +344,8 @@ LAUNCH_OPS = {"add_mul": "add-mul", "softmax": "softmax", "layer_norm": "LayerNo
               "linear_act": "linear + GELU"}
 # A call costs "a launch" when it is within this factor of an empty kernel's launch.
 LAUNCH_SLACK = 1.25
+# The per-call target of a public op's default path at tiny sizes (issue 12), in µs.
+LAUNCH_TARGET_US = 25.0
 
 
 def _launch_ok(lc: pd.DataFrame) -> pd.DataFrame:
@@ -385,6 +387,10 @@ def launch_findings(lc: pd.DataFrame) -> dict:
     return dict(floor_1=raw.get("1 arg", float("nan")), floor_10=floor,
                 ratio_min=float(ratio.min()), ratio_max=float(ratio.max()),
                 within=[op for op, r in ratio.items() if r <= LAUNCH_SLACK],
+                under_target=[op for op in ratio.index
+                              if host.loc[op, "public"] <= LAUNCH_TARGET_US],
+                over_target={op: float(host.loc[op, "public"]) for op in ratio.index
+                             if host.loc[op, "public"] > LAUNCH_TARGET_US},
                 n_ops=int(ratio.notna().sum()), n_cases=len(host.index),
                 eager_faster=[op for op in host.index
                               if host.loc[op, "torch_eager"] < host.loc[op, "public"]],

@@ -51,6 +51,37 @@ def empty(shape, dtype, device) -> torch.Tensor:
     return out
 
 
+# Scratch tensors kept across calls, per (device, stream, shape, dtype); a full table is emptied.
+SCRATCH_MAX_ENTRIES = 64
+_SCRATCH: dict = {}
+
+
+def scratch(shape, dtype, device) -> tuple:
+    """(t, t.unbind(0)): a tensor for intermediate results that one call writes and reads back
+    on the current stream, with its first-dim views, both made once per device, stream, shape
+    and dtype and reused by later calls: stream order makes the reuse safe (a later call's
+    writes queue behind this call's reads), and it saves the host an allocation, which costs
+    ~19 us on the autograd engine's worker thread against ~5 on the main one (analysis/NOTES.md).
+    Fresh while the stream is being captured into a CUDA graph (the graph keeps its own)."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            t = empty(shape, dtype, device)
+            return t, t.unbind(0)
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+    else:
+        stream = 0
+    key = (device, stream, shape, dtype)
+    entry = _SCRATCH.get(key)
+    if entry is None:
+        if len(_SCRATCH) >= SCRATCH_MAX_ENTRIES:
+            _SCRATCH.clear()
+        t = torch.empty(shape, dtype=dtype, device=device)
+        entry = _SCRATCH[key] = (t, t.unbind(0))
+    if _poison:
+        entry[0].fill_(math.nan)
+    return entry
+
+
 def empty_like(x: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor of x's shape, dtype and device, as `empty` makes it; costs the
     host about half of `empty(x.shape, x.dtype, x.device)` (no shape, dtype, device to parse)."""
@@ -524,6 +555,7 @@ __all__ = [
     "plan_cache",
     "plan_strides",
     "poisoned_outputs",
+    "scratch",
     "sm_count_of",
     "specialization_key",
     "triton",

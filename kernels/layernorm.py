@@ -200,7 +200,7 @@ class _LayerNorm(torch.autograd.Function):
                 dy.contiguous(), x, weight, bias, stats, need_dw, need_db)
         else:
             dx, dw, db = _bwd.backward(dy, x, weight, stats, need_dw, need_db, *ctx.options,
-                                       None if bias is None else bias.dtype)
+                                       None if bias is None else bias.dtype, shared_dwdb=True)
         return dx, dw if need_dw else None, db if need_db else None, None, None, None, None
 
 

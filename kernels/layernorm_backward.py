@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ._common import (cached, cdiv, empty, empty_like, launch, layout_key, next_pow2, plan_cache,
-                      sm_count_of)
+                      scratch, sm_count_of)
 
 # Longest row the backward keeps whole in registers (x, dy and two partial-sum rows); wider rows
 # take the split kernel, BWD_SPLIT_BLOCK columns a program.
@@ -305,10 +305,12 @@ def _bwd_launch(dy, x, block, num_warps, groups, need_dw, need_db) -> _BwdLaunch
 _PLANS = plan_cache()
 
 
-def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, db_dtype=None):
+def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, db_dtype=None,
+             shared_dwdb=False):
     """(dx, dweight or None, dbias or None) of the fused LayerNorm; dweight in weight's dtype,
     dbias in db_dtype (the bias's: default x's). The plan is remembered per layout of x, dy and
-    weight."""
+    weight. shared_dwdb: dweight and dbias of one dtype may be two views of one allocation (an
+    autograd.Function may return such gradients; a custom op's outputs must not alias)."""
     db_dtype = x.dtype if db_dtype is None else db_dtype
     key = layout_key((x, dy, weight), (block, num_warps, groups))
     how = cached(_PLANS, None if key is None else (key, need_dw, need_db), _bwd_launch, dy, x,
@@ -323,11 +325,13 @@ def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, d
     dy = dy.contiguous()
     n_rows, n_cols, _, plan, groups, n_parts, block_n = how
     # Partial sums: buffer 0 dweight, then dbias (only those needed); every (group, column) slot
-    # is written by exactly one program. (part[0] starts where part does.)
-    part = empty((n_parts, groups, n_cols), torch.float32, x.device) if n_parts else x
+    # is written by exactly one program. (part[0] starts where part does.) A scratch buffer
+    # reused across calls: this runs on the autograd worker thread, where allocations are dear.
+    part, part_k = scratch((n_parts, groups, n_cols), torch.float32, x.device) if n_parts \
+        else (x, None)
     has_w = weight is not None
     args = (x, dy, dx, weight if has_w else x, stats, part if need_dw else x,
-            (part[1] if need_dw else part) if need_db else x, n_rows, n_cols, groups,
+            (part_k[1] if need_dw else part) if need_db else x, n_rows, n_cols, groups,
             how.x_row_stride, n_cols, n_cols)
     # No FMA contraction (see the module docstring).
     if plan.one_tile:
@@ -340,8 +344,11 @@ def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, d
                enable_fp_fusion=False)
     if n_parts == 0:
         return dx, None, None
-    dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
-    db = empty((n_cols,), db_dtype, x.device) if need_db else None
+    if shared_dwdb and need_dw and need_db and weight.dtype == db_dtype:
+        dw, db = empty((2, n_cols), db_dtype, x.device).unbind(0)  # one allocation, two views
+    else:
+        dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
+        db = empty((n_cols,), db_dtype, x.device) if need_db else None
     launch(_sum_groups_kernel, (cdiv(n_cols, block_n), n_parts), part, x if dw is None else dw,
            x if db is None else db, groups, n_cols, DW=need_dw, DB=need_db,
            BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)

@@ -41,3 +41,33 @@ def test_no_module_carries_an_ops_name():
     for name in ops:
         spec = importlib.util.find_spec(f"triton_fusion_report.kernels.{name}")
         assert spec is None, f"kernels/{name}.py shadows the op"
+
+
+def test_scratch_is_reused_per_shape_and_poisoned_when_asked(device):
+    t, views = C.scratch((2, 3, 5), torch.float32, device)
+    again, views_again = C.scratch((2, 3, 5), torch.float32, device)
+    assert again is t and views_again is views and len(views) == 2
+    assert views[1].data_ptr() == t.data_ptr() + 15 * 4
+    other, _ = C.scratch((2, 3, 6), torch.float32, device)
+    assert other.data_ptr() != t.data_ptr()
+    with C.poisoned_outputs():
+        t.zero_()
+        assert torch.isnan(C.scratch((2, 3, 5), torch.float32, device)[0]).all()
+
+
+def test_layer_norm_backward_twice_with_a_reused_scratch(device):
+    """The partial sums live in a scratch buffer kept across calls: a second backward of the same
+    shape on other data must not see the first one's partials."""
+    from triton_fusion_report.kernels import layernorm as ln
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        x, w, b, dy = (torch.randn(*s, device=device, dtype=torch.float32)
+                       for s in ((37, 70), (70,), (70,), (37, 70)))
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        got = torch.autograd.grad(ln.triton_fused(*leaves), leaves, dy)
+        ref_leaves = [t.double().requires_grad_() for t in (x, w, b)]
+        ref = torch.autograd.grad(
+            torch.nn.functional.layer_norm(ref_leaves[0], (70,), *ref_leaves[1:]), ref_leaves,
+            dy.double())
+        for g, r in zip(got, ref):
+            assert torch.allclose(g.double(), r, rtol=1e-4, atol=1e-4)

@@ -150,8 +150,8 @@ def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
         shapes.append(tuple(shape))
         return real(shape, dtype, dev)
 
-    real = lnb.empty
-    monkeypatch.setattr(lnb, "empty", spy)
+    real = lnb.scratch
+    monkeypatch.setattr(lnb, "scratch", spy)
     x, w, b = make((rows, n), torch.float32, device)
     grads(ln.triton_fused, x, w, b, torch.randn(rows, n, device=device))
     assert (2, ln.bwd_groups(rows, device), n) in shapes

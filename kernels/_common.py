@@ -67,7 +67,11 @@ def scratch(shape, dtype, device) -> tuple:
         if torch.cuda.is_current_stream_capturing():
             t = empty(shape, dtype, device)
             return t, t.unbind(0)
-        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        index = device.index
+        if index is None:  # torch.device("cuda"): the current device
+            index = torch.cuda.current_device()
+            device = torch.device("cuda", index)
+        stream = torch._C._cuda_getCurrentRawStream(index)
     else:
         stream = 0
     key = (device, stream, shape, dtype)

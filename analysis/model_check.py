@@ -6,7 +6,9 @@ attention inside GPT-2 small (Hugging Face `transformers`, random weights), on t
    reference (PyTorch's ops, no autocast): the swap passes if its logits, loss and gradients are
    as close to float32 as PyTorch's own bf16 run (within 2x, or 1e-3).
 2. Training: 20 AdamW steps from the same weights on the same batch (learnt by heart, so that
-   the loss falls); the losses of the swapped model within 1% of PyTorch's at every step.
+   the loss falls); the losses of the swapped model within 1% of PyTorch's at every step. Beside
+   it, two yardsticks of how far bf16 training runs stray anyway: PyTorch in float32, and
+   PyTorch with its eager (non-SDPA) attention in bf16.
 3. Tokens/s of one forward + backward (bf16 autocast): PyTorch eager, torch.compile of it, and the
    project's ops (eager), with the GPU's busy time per step from the profiler.
 Writes DIR/model_check.csv (one row per check and per timing) and DIR/model_train.csv (losses
@@ -207,21 +209,28 @@ def main(argv=None) -> int:
               f"limit {r['limit']:.2e} {'ok' if r['passed'] else 'FAILED'}", flush=True)
 
     losses = {impl: train_losses(impl, device) for impl in ("torch", "triton")}
-    # The yardstick: how far PyTorch's own bf16 run strays from the same training in float32.
+    # Yardsticks: how far PyTorch's own bf16 run strays from the same training in float32, and
+    # how far another PyTorch implementation of the model (its eager attention, in bf16) strays
+    # from the SDPA one that the swap is compared with.
     losses["float32"] = train_losses("torch", device, autocast=False)
+    losses["eager_attention"] = train_losses("reference", device)
     train_rows = [dict(step=i, loss_torch=a, loss_triton=b, rel_diff=abs(b - a) / abs(a),
-                       loss_float32=c, torch_rel_diff_float32=abs(a - c) / abs(c))
-                  for i, (a, b, c) in enumerate(zip(losses["torch"], losses["triton"],
-                                                    losses["float32"]))]
+                       loss_float32=c, torch_rel_diff_float32=abs(a - c) / abs(c),
+                       loss_eager_attention=e, eager_attention_rel_diff=abs(e - a) / abs(a))
+                  for i, (a, b, c, e) in enumerate(zip(losses["torch"], losses["triton"],
+                                                       losses["float32"],
+                                                       losses["eager_attention"]))]
     worst = max(r["rel_diff"] for r in train_rows)
     torch_worst = max(r["torch_rel_diff_float32"] for r in train_rows)
+    eager_worst = max(r["eager_attention_rel_diff"] for r in train_rows)
     rows.append(dict(meta, kind="check", check="20 training steps: loss vs torch", batch=8,
                      seq=512, torch_err=torch_worst, triton_err=worst, limit=0.01,
                      passed=worst <= 0.01))
     print(f"training: worst relative loss difference {worst:.2e} over {len(train_rows)} steps "
           f"(first {losses['torch'][0]:.3f} / {losses['triton'][0]:.3f}, last "
           f"{losses['torch'][-1]:.3f} / {losses['triton'][-1]:.3f}); PyTorch bf16 against "
-          f"float32: {torch_worst:.2e}", flush=True)
+          f"float32: {torch_worst:.2e}; PyTorch's eager attention against its SDPA: "
+          f"{eager_worst:.2e}", flush=True)
 
     ids = _batch(args.batch, args.seq, device)
     models = {"torch_eager": lambda: build("torch", device),

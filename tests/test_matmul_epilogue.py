@@ -253,6 +253,25 @@ def test_linear_act_takes_transposed_linear_weight(device):
     assert rel_err(out, ref) <= TOL["tf32"]
 
 
+@pytest.mark.parametrize("x_t, w_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_tf32_operands_copied_k_major(x_t, w_t, device):
+    """tf32 wgmma takes K-major operands only: a K-strided x or weight is copied K-contiguous
+    first (the plan says which), with the same result; 16-bit and IEEE operands never are."""
+    M, K, N = 33, 40, 24
+    x = torch.randn(K, M, device=device).t() if x_t else torch.randn(M, K, device=device)
+    w = torch.randn(N, K, device=device).t() if w_t else torch.randn(K, N, device=device)
+    b = torch.randn(N, device=device)
+    how = mc.gemm_launch(x, w, b, (N, 1), "gelu", "tf32", None, None, None, None, None, None)
+    assert how.copies == (x_t, not w_t)
+    assert how.sizes_strides[3:7] == (K, 1, 1, K)  # the strides the kernel reads: the copies'
+    for impl in (la.linear_act_fused, la.linear_act_unfused):
+        assert rel_err(impl(x, w, b), la_ref64(x, w, b, "gelu")) <= TOL["tf32"]
+    assert mc.gemm_launch(x, w, b, (N, 1), "gelu", "ieee", None, None, None, None, None,
+                          None).copies == (False, False)
+    assert mc.gemm_launch(x.half(), w.half(), b.half(), (N, 1), "gelu", "tf32", None, None,
+                          None, None, None, None).copies == (False, False)
+
+
 def test_matmul_helper(device):
     x, w, b = la_inputs(20, 30, 40, torch.float16, device)
     assert rel_err(mc.matmul(x, w), x.double() @ w.double()) <= TOL[torch.float16]

@@ -354,7 +354,7 @@ def cached(cache: dict, key, compute, *args):
 FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
 # Tensors passed to the launcher as their addresses: it then skips its per-pointer
 # cuPointerGetAttribute check (a driver call each), which the ops' own checks (CUDA tensors of one
-# device) make redundant. An experiment, measured by analysis/launch_cost.py (off by default).
+# device) make redundant. An experiment, timed by analysis/fast_launch_check.py (off by default).
 POINTERS_AS_INTS = os.environ.get("TRITON_FUSION_POINTERS_AS_INTS", "0") == "1"
 # Compiled kernels remembered per JITFunction; a full table is emptied and refills.
 FAST_LAUNCH_MAX_ENTRIES = 1024

@@ -234,32 +234,49 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
     warps, stages = _launch_opts(cfg.num_warps if num_warps is None else num_warps,
                                  cfg.num_stages if num_stages is None else num_stages)
     has_bias = bias is not None
-    # Hopper's tf32 wgmma takes both operands K-major only: with a K-strided operand (x
-    # transposed, or weight stored (K, N) row-major) Triton falls back to a path 3x slower (82
-    # against 248 TFLOP/s at 4096^3 on an H100, analysis/NOTES.md), so such an operand is first
-    # copied K-contiguous (a copy of its size; ~0.04 ms for 4096^2 float32).
-    tf32 = x.dtype == torch.float32 and precision == "tf32"
-    copy_a = tf32 and K > 1 and x.stride(1) != 1
-    copy_b = tf32 and K > 1 and weight.stride(0) != 1
-    x_strides = (K, 1) if copy_a else plan_strides(x)
-    w_strides = (1, K) if copy_b else plan_strides(weight)
+    copies = tf32_copies(x, weight, precision)
     return GemmLaunch(
         None if M == 0 or N == 0 else (cdiv(M, bm) * cdiv(N, bn),),
-        (M, N, K, *x_strides, *w_strides, plan_strides(bias)[0] if has_bias else 0,
+        (M, N, K, *operand_strides(x, weight, copies), plan_strides(bias)[0] if has_bias else 0,
          *out_strides),
         dict(HAS_BIAS=has_bias, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
              GROUP_M=gm, EVEN_K=K % bk == 0, INPUT_PRECISION=precision,
              UPCAST=_upcast_bf16(x.dtype), num_warps=warps, num_stages=stages),
-        (copy_a, copy_b))
+        copies)
+
+
+def tf32_copies(x, weight, precision) -> tuple:
+    """(copy x, copy weight) before a tf32 dot of x (M, K) by weight (K, N). Hopper's tf32 wgmma
+    takes both operands K-major only: with a K-strided operand (x transposed, or weight stored
+    (K, N) row-major) Triton falls back to a path 3x slower (82 against 248 TFLOP/s at 4096^3 on
+    an H100, analysis/NOTES.md), so such an operand is first copied K-contiguous (`k_major`: a
+    copy of its size, ~0.04 ms for 4096^2 float32). 16-bit and IEEE operands are read as they
+    are."""
+    if x.dtype != torch.float32 or precision != "tf32" or x.shape[1] <= 1:
+        return (False, False)
+    return (x.stride(1) != 1, weight.stride(0) != 1)
+
+
+def operand_strides(x, weight, copies) -> tuple:
+    """x's and weight's strides as the kernel reads them: those of their copies where copied."""
+    K = x.shape[1]
+    return (*((K, 1) if copies[0] else plan_strides(x)),
+            *((1, K) if copies[1] else plan_strides(weight)))
+
+
+def k_major(x, weight, copies) -> tuple:
+    """x and weight, copied K-contiguous where `tf32_copies` says."""
+    if copies[0]:
+        x = x.contiguous()
+    if copies[1]:
+        weight = weight.t().contiguous().t()
+    return x, weight
 
 
 def run_gemm(x, weight, bias, out, how: GemmLaunch):
     """Launch _matmul_kernel as `how` says: out = act(x @ weight + bias)."""
     if how.grid is not None:
-        if how.copies[0]:
-            x = x.contiguous()
-        if how.copies[1]:
-            weight = weight.t().contiguous().t()
+        x, weight = k_major(x, weight, how.copies)
         launch(_matmul_kernel, how.grid, x, weight, x if bias is None else bias, out,
                *how.sizes_strides, **how.kwargs)
     return out

@@ -42,7 +42,8 @@ from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, empty, lau
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
-                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2)
+                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
+                          operand_strides, tf32_copies)
 
 SIMPLE, TILED, ONLINE, TWO_PASS_STORE = "simple", "tiled", "online", "two_pass_store"
 METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE)
@@ -305,13 +306,15 @@ def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
 class _FusedLaunch(NamedTuple):
     """How matmul_softmax_fused runs one layout (cached): the plan, whether weight is copied into
     16-byte-aligned rows first (_aligned_rows), the strides the kernels take (x's, the weight's
-    they read, bias's, out's row) and their dot constexprs and options."""
+    they read, bias's, out's row), their dot constexprs and options, and which operands are
+    copied K-contiguous first (matmul_core.tf32_copies)."""
 
     plan: MatmulSoftmaxPlan
     pad_weight: bool
     strides: tuple
     dot_args: dict
     options: dict
+    copies: tuple
 
 
 def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_precision, num_warps,
@@ -319,17 +322,19 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     _check_operands(x, weight, bias)
     B, K = x.shape
     C = weight.shape[1]
-    aligned = _aligned_rows(weight, B)
     plan = matmul_softmax_plan(B, K, C, x.dtype, method=method, input_precision=input_precision,
                                block_b=block_b, block_c=block_c, block_k=block_k,
                                num_warps=num_warps, num_stages=num_stages,
                                sm_count=sm_count_of(x.device))
-    strides = (*plan_strides(x), *plan_strides(aligned), plan_strides(bias)[0] if bias is not None
-               else 0, C)  # out: a new contiguous (B, C)
+    # The simple method's products are not tensor-core dots: nothing to copy for it.
+    copies = (False, False) if plan.method == SIMPLE else tf32_copies(x, weight, plan.precision)
+    aligned = weight if copies[1] else _aligned_rows(weight, B)
+    strides = (*operand_strides(x, aligned, copies),
+               plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
     return _FusedLaunch(plan, aligned is not weight, strides,
                         dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
                              EVEN_K=K % plan.block_k == 0),
-                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
+                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies)
 
 
 _PLANS = plan_cache()
@@ -351,6 +356,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     plan, strides, dot_args, options = how.plan, how.strides, how.dot_args, how.options
     B, K = x.shape
     C = weight.shape[1]
+    x, weight = k_major(x, weight, how.copies)
     if how.pad_weight:
         weight = _aligned_rows(weight, B)
     out = empty((B, C), x.dtype, x.device)

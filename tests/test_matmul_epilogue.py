@@ -270,6 +270,15 @@ def test_tf32_operands_copied_k_major(x_t, w_t, device):
                           None).copies == (False, False)
     assert mc.gemm_launch(x.half(), w.half(), b.half(), (N, 1), "gelu", "tf32", None, None,
                           None, None, None, None).copies == (False, False)
+    # matmul + softmax: its fused kernels read the same way as the unfused baseline's matmul.
+    for method in ("tiled", "online", "two_pass_store"):
+        how = sr._fused_launch(x, w, b, method, None, None, None, "tf32", None, None)
+        assert how.copies == (x_t, not w_t) and how.strides[:4] == (K, 1, 1, K)
+        got = sr.matmul_softmax_fused(x, w, b, method=method, input_precision="tf32")
+        ref = torch.softmax(x.double() @ w.double() + b.double(), -1)
+        assert rel_err(got, ref) <= TOL["tf32"]
+    assert sr._fused_launch(x, w, b, "simple", None, None, None, "tf32", None,
+                            None).copies == (False, False)
 
 
 def test_matmul_helper(device):

@@ -164,19 +164,21 @@ def _forward_plan(x, weight, bias, eps, block, num_warps, groups):
 _PLANS = plan_cache()
 
 
-def _fused_forward(x, weight, bias, eps, block, num_warps, groups):
+def _fused_forward(x, weight, bias, eps, block, num_warps, groups, stats=True):
     """(y, per-row float32 mean and rstd) after checking every input and option; the checks and
-    the plan are remembered per layout of x, weight, bias (eps is a value: checked every call)."""
+    the plan are remembered per layout of x, weight, bias (eps is a value: checked every call).
+    stats=False (no backward follows): (y, None), the statistics neither stored nor allocated."""
     fwd = cached(_PLANS, layout_key((x, weight, bias), (block, num_warps, groups)), _forward_plan,
                  x, weight, bias, eps, block, num_warps, groups)
     if eps.__class__ is not float or not eps >= 0.0:
         _check_eps(eps)
     y = empty_like(x)
     if fwd is None:
-        return y, torch.empty((2, 0), dtype=torch.float32, device=x.device)
+        return y, torch.empty((2, 0), dtype=torch.float32, device=x.device) if stats else None
     n_rows, n_cols, x_row_stride, how = fwd
     # x and y are passed as they are: the kernels see their rows through the row strides.
-    return y, run_forward(x, y, n_rows, n_cols, x_row_stride, n_cols, weight, bias, eps, how)
+    return y, run_forward(x, y, n_rows, n_cols, x_row_stride, n_cols, weight, bias, eps, how,
+                          stats)
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -216,8 +218,9 @@ def triton_fused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, 
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, weight, bias)):
         return _LayerNorm.apply(x, weight, bias, eps, block, num_warps, groups)
-    # Nothing to differentiate: skip the autograd.Function's bookkeeping (host time).
-    return _fused_forward(x, weight, bias, eps, block, num_warps, groups)[0]
+    # Nothing to differentiate: skip the autograd.Function's bookkeeping (host time) and the
+    # statistics.
+    return _fused_forward(x, weight, bias, eps, block, num_warps, groups, stats=False)[0]
 
 
 def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, block=None,

@@ -51,8 +51,8 @@ def _load_rows(x_ptr, rows, cols, n_rows, n_cols, x_row_stride):
 @triton.jit
 def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_stride,
                    y_row_stride, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                   ROWS: tl.constexpr, BLOCK: tl.constexpr, WB_PER_TILE: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                   WB_PER_TILE: tl.constexpr, PREFETCH: tl.constexpr):
     """Rows held in registers, ROWS at a time; a persistent grid strides over the row tiles."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -109,9 +109,10 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_
                 y = y + b[None, :]
         tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :],
                  y.to(y_ptr.dtype.element_ty), mask=mask)
-        # The backward recomputes xhat from this float32 mean (as eager PyTorch does).
-        tl.store(stats_ptr + rows, shift + d, mask=row_mask)
-        tl.store(stats_ptr + n_rows + rows, rstd, mask=row_mask)
+        if STATS:
+            # The backward recomputes xhat from this float32 mean (as eager PyTorch does).
+            tl.store(stats_ptr + rows, shift + d, mask=row_mask)
+            tl.store(stats_ptr + n_rows + rows, rstd, mask=row_mask)
         rows += step
         if PREFETCH:
             x = next_x
@@ -121,7 +122,7 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_
 @triton.jit
 def _ln_fwd_loop_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x_row_stride,
                         y_row_stride, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        STATS: tl.constexpr, BLOCK: tl.constexpr):
     """Rows longer than a tile, one program a row: two passes over BLOCK-column tiles."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -158,8 +159,9 @@ def _ln_fwd_loop_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, n_rows, n_cols, x
         if HAS_B:
             y = y + tl.load(b_ptr + offs, mask=mask).to(tl.float32)
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(stats_ptr + row, shift + d)
-    tl.store(stats_ptr + n_rows + row, rstd)
+    if STATS:
+        tl.store(stats_ptr + row, shift + d)
+        tl.store(stats_ptr + n_rows + row, rstd)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,32 +254,36 @@ def fwd_launch(dtype, device, n_rows, n_cols, x_row_stride, y_row_stride, has_w,
 
 
 def run_forward(x, y, n_rows, n_cols, x_row_stride, y_row_stride, weight, bias, eps,
-                how: FwdLaunch):
+                how: FwdLaunch, stats=True):
     """Run the fused forward from the rows of x (x_row_stride elements apart) into those of y;
-    return float32 (mean, rstd) rows."""
+    return float32 (mean, rstd) rows, or None with stats=False (no backward follows: nothing
+    allocated, nothing stored)."""
     plan = how.plan
-    stats = empty((2, n_rows), torch.float32, x.device)
-    # A stand-in pointer where weight or bias is None (never read: HAS_W/HAS_B are constexpr).
-    args = (x, y, x if weight is None else weight, x if bias is None else bias, stats,
-            n_rows, n_cols, x_row_stride, y_row_stride, float(eps))
+    out = empty((2, n_rows), torch.float32, x.device) if stats else None
+    # A stand-in pointer where weight, bias or the statistics are absent (never touched: HAS_W,
+    # HAS_B and STATS are constexpr).
+    args = (x, y, x if weight is None else weight, x if bias is None else bias,
+            x if out is None else out, n_rows, n_cols, x_row_stride, y_row_stride, float(eps))
     has_w, has_b = weight is not None, bias is not None
     if not plan.one_tile:
-        launch(_ln_fwd_loop_kernel, (n_rows,), *args, HAS_W=has_w, HAS_B=has_b, BLOCK=plan.block,
-               num_warps=plan.num_warps)
-        return stats
-    per_sm = _RESIDENT.get(how.resident_key)
+        launch(_ln_fwd_loop_kernel, (n_rows,), *args, HAS_W=has_w, HAS_B=has_b, STATS=stats,
+               BLOCK=plan.block, num_warps=plan.num_warps)
+        return out
+    resident_key = (how.resident_key, stats)
+    per_sm = _RESIDENT.get(resident_key)
     grid = min(how.row_tiles, how.sms * (per_sm or 1))
-    compiled = launch(_ln_fwd_kernel, (grid,), *args, HAS_W=has_w, HAS_B=has_b, ROWS=plan.rows,
-                      BLOCK=plan.block, WB_PER_TILE=plan.wb_per_tile, PREFETCH=plan.prefetch,
-                      num_warps=plan.num_warps)
+    compiled = launch(_ln_fwd_kernel, (grid,), *args, HAS_W=has_w, HAS_B=has_b, STATS=stats,
+                      ROWS=plan.rows, BLOCK=plan.block, WB_PER_TILE=plan.wb_per_tile,
+                      PREFETCH=plan.prefetch, num_warps=plan.num_warps)
     if per_sm is None:
-        _RESIDENT[how.resident_key] = _resident_programs(compiled, x.device, plan.num_warps)
-    return stats
+        _RESIDENT[resident_key] = _resident_programs(compiled, x.device, plan.num_warps)
+    return out
 
 
-def forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2):
-    """Run the fused forward into the (rows, cols) view y2; return float32 (mean, rstd) rows."""
+def forward(rows, n_rows, n_cols, weight, bias, eps, block, num_warps, y2, stats=True):
+    """Run the fused forward into the (rows, cols) view y2; return float32 (mean, rstd) rows
+    (None with stats=False)."""
     how = fwd_launch(rows.dtype, rows.device, n_rows, n_cols, rows.stride(0), y2.stride(0),
                      weight is not None, bias is not None, block, num_warps)
     return run_forward(rows, y2, n_rows, n_cols, rows.stride(0), y2.stride(0), weight, bias, eps,
-                       how)
+                       how, stats)

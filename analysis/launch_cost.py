@@ -4,15 +4,17 @@
 
 For every public op and implementation (eager, torch.compile, Triton unfused and fused, the public
 function, and the registered op called through the dispatcher) this records the first call's
-time (compilation or cache loading, tuning), the wall-clock time per call of many back-to-back calls (one sync at the end: the GPU never waits, the host does) and
-the GPU time per call (CUDA-graph replay), beside the floor measured in the same run: an empty
-Triton kernel's launch with one argument and with ten. One launch instead of three is half of what
+time (compilation or cache loading, tuning), the wall-clock time per call of many back-to-back
+calls (one sync at the end: the GPU never waits, the host does) in interleaved trials (median,
+min, max), and the GPU time per call (CUDA-graph replay), beside the floor measured in the same
+rounds: an empty Triton kernel's launch with one argument and with ten. One launch instead of three is half of what
 fusion buys at small sizes; this table measures that half.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
 import time
 
@@ -140,30 +142,50 @@ def cases(dev):
         registered_op=lambda: ops.OPS["linear_act"](xm, wm, bm, "gelu"))
 
 
-def measure(dev) -> list[dict]:
+TRIALS = 5
+
+
+def measure(dev, trials: int = TRIALS) -> list[dict]:
+    """Every (op, implementation) and the raw launches: the first call of each, then `trials`
+    rounds in which each is timed once (host_us) in turn, so that a drift of the machine's
+    speed reaches all of them alike; the row keeps the median of its trials with min and max."""
     meta = run_metadata(dev)
     p = torch.empty(16, device=dev)
-    rows = []
+    entries = [("raw launch", "1 arg", "triton_noop", lambda: _noop1[(1,)](p, BLOCK=16)),
+               ("raw launch", "10 args", "triton_noop",
+                lambda: _noop10[(1,)](p, p, p, p, p, 1, 2, 3, 4, 0.5, BLOCK=16))]
+    entries += [(op, shape, impl, fn) for op, shape, impls in cases(dev)
+                for impl, fn in impls.items()]
+    rows = [dict(meta, op=op, shape=shape, impl=impl, first_ms=None, host_us=None,
+                 host_us_min=None, host_us_max=None, trials=0, gpu_us=None, error="")
+            for op, shape, impl, _ in entries]
+    samples = [[] for _ in entries]
 
-    def add(op, shape, impl, fn):
-        first = host = gpu = None
+    def attempt(i, what):
+        if rows[i]["error"]:
+            return None
         try:
-            first = first_ms(fn)
-            host, gpu, error = host_us(fn), gpu_us(fn), ""
+            return what(entries[i][3])
         except Exception as exc:  # noqa: BLE001 - recorded, the table goes on
-            error = f"{type(exc).__name__}: {str(exc)[:200]}"
-        rows.append(dict(meta, op=op, shape=shape, impl=impl, first_ms=first, host_us=host,
-                         gpu_us=gpu, error=error))
-        print(f"{op:20s} {shape:14s} {impl:15s} first {first or float('nan'):9.1f} ms  host "
-              f"{host or float('nan'):8.1f} us   gpu {gpu or float('nan'):7.1f} us {error}",
-              flush=True)
+            rows[i]["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return None
 
-    add("raw launch", "1 arg", "triton_noop", lambda: _noop1[(1,)](p, BLOCK=16))
-    add("raw launch", "10 args", "triton_noop",
-        lambda: _noop10[(1,)](p, p, p, p, p, 1, 2, 3, 4, 0.5, BLOCK=16))
-    for op, shape, impls in cases(dev):
-        for impl, fn in impls.items():
-            add(op, shape, impl, fn)
+    for i in range(len(entries)):
+        rows[i]["first_ms"] = attempt(i, first_ms)
+    for _ in range(trials):
+        for i in range(len(entries)):
+            us = attempt(i, host_us)
+            if us is not None:
+                samples[i].append(us)
+    for i, row in enumerate(rows):
+        row["gpu_us"] = attempt(i, gpu_us)
+        if samples[i] and not row["error"]:
+            row.update(host_us=statistics.median(samples[i]), host_us_min=min(samples[i]),
+                       host_us_max=max(samples[i]), trials=len(samples[i]))
+        print(f"{row['op']:20s} {row['shape'][:14]:14s} {row['impl']:15s} first "
+              f"{row['first_ms'] or float('nan'):9.1f} ms  host {row['host_us'] or float('nan'):8.1f}"
+              f" us [{row['host_us_min'] or float('nan'):.1f}, {row['host_us_max'] or float('nan'):.1f}]"
+              f"   gpu {row['gpu_us'] or float('nan'):7.1f} us {row['error']}", flush=True)
     return rows
 
 
@@ -172,11 +194,13 @@ def main(argv=None) -> int:
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="CSV file to write")
+    ap.add_argument("--trials", type=int, default=TRIALS,
+                    help="rounds over every implementation (default %(default)s)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("launch_cost measures a GPU's launch path; no GPU here", file=sys.stderr)
         return 1
-    rows = measure(torch.device("cuda"))
+    rows = measure(torch.device("cuda"), args.trials)
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

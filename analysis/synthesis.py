@@ -373,6 +373,16 @@ def launch_table(lc: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="shape")
 
 
+def _launch_spread(ok: pd.DataFrame) -> dict:
+    """Trials a row and how far apart its slowest and fastest trial were (max/min): the median
+    and the largest ratio over the rows (NaN for a file from before the trials)."""
+    if "host_us_max" not in ok or not ok["host_us_min"].notna().any():
+        return dict(trials=1, spread_median=float("nan"), spread_max=float("nan"))
+    ratio = (ok["host_us_max"] / ok["host_us_min"]).dropna()
+    return dict(trials=int(ok["trials"].max()), spread_median=float(ratio.median()),
+                spread_max=float(ratio.max()))
+
+
 def launch_findings(lc: pd.DataFrame) -> dict:
     """The floor (an empty Triton kernel's launch, 1 and 10 arguments), the public functions'
     cost over the 10-argument floor, and which ops are within LAUNCH_SLACK of it."""
@@ -399,6 +409,7 @@ def launch_findings(lc: pd.DataFrame) -> dict:
                 and "attention" in host.index else float("nan"),
                 eager_attention_us=float(host.loc["attention", "torch_eager"])
                 if "attention" in host.index else float("nan"),
+                **_launch_spread(ok),
                 commit=str(lc["git_commit"].iloc[0]), gpu=str(lc["gpu"].iloc[0]),
                 date=str(lc["started_at"].iloc[0])[:10], torch=str(lc["torch"].iloc[0]),
                 triton=str(lc["triton"].iloc[0]))

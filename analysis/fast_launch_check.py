@@ -5,9 +5,9 @@
 1. Same bits: every public op (LayerNorm's backward too) on inputs that cross what Triton
    specialises on (16-byte-aligned pointers and not, sizes divisible by 16 and not, sizes of 1,
    each dtype, strided views), computed with the fast path off (every launch through
-   JITFunction.run), then four rounds of all of them in turn with it on (the fourth with tensors
-   passed to the launcher as addresses, `_common.POINTERS_AS_INTS`): each output must equal the
-   first bit for bit. In the last round every key has been seen, so no launch may go through
+   JITFunction.run), then four rounds of all of them in turn with it on (the second without the
+   cache of TMA descriptors, `_common.CACHE_TMA`, the fourth with tensors passed to the launcher
+   as addresses, `_common.POINTERS_AS_INTS`): each output must equal the first bit for bit. In the last round every key has been seen, so no launch may go through
    JITFunction.run (counted).
 2. Host cost: wall-clock microseconds a call of many back-to-back calls (launch_cost.host_us) of
    each op at launch_cost's tiny sizes, fast path off, on, and on with addresses, beside an empty
@@ -140,6 +140,7 @@ def check_same_bits(dev) -> tuple[int, int]:
     try:
         for round_ in range(4):  # the last with tensors passed as addresses
             _common.POINTERS_AS_INTS = round_ == 3
+            _common.CACHE_TMA = round_ != 1
             runs["n"] = 0
             for name, fn in all_cases:
                 got = _as_tuple(fn())
@@ -149,7 +150,7 @@ def check_same_bits(dev) -> tuple[int, int]:
                     print(f"DIFFERS (round {round_}): {name}")
     finally:
         JITFunction.run = original
-        _common.POINTERS_AS_INTS = False
+        _common.POINTERS_AS_INTS, _common.CACHE_TMA = False, True
     print(f"{len(all_cases)} cases x 4 rounds with the fast path: {differences} differ from the "
           f"normal path; JITFunction.run calls in the last round: {runs['n']}")
     return differences, runs["n"]
@@ -186,21 +187,24 @@ def host_table(dev, calls: int) -> list[dict]:
     raw10 = None
     rows = []
     print(f"{'op (fp16)':34s} {'fast off us':>12s} {'fast on us':>11s} {'+ int ptrs':>11s} "
-          f"{'on / raw10':>11s}")
+          f"{'no TMA cache':>12s} {'on / raw10':>11s}")
     for name, fn in ops:
         timings = {}
-        for mode in ("off", "on", "ints"):
+        for mode in ("off", "on", "ints", "no_tma_cache"):
             _common.FAST_LAUNCH = mode != "off"
             _common.POINTERS_AS_INTS = mode == "ints"
+            _common.CACHE_TMA = mode != "no_tma_cache"
             timings[mode] = host_us(fn, calls)
-        _common.FAST_LAUNCH, _common.POINTERS_AS_INTS = True, False
+        _common.FAST_LAUNCH, _common.POINTERS_AS_INTS, _common.CACHE_TMA = True, False, True
         if name == "raw launch, 10 args":
             raw10 = timings["off"]
         ratio = timings["on"] / raw10 if raw10 and not name.startswith("raw") else None
         print(f"{name:34s} {timings['off']:12.1f} {timings['on']:11.1f} {timings['ints']:11.1f} "
-              f"{'' if ratio is None else f'{ratio:11.2f}'}", flush=True)
+              f"{timings['no_tma_cache']:12.1f} {'' if ratio is None else f'{ratio:11.2f}'}",
+              flush=True)
         rows.append(dict(op=name, fast_off_us=timings["off"], fast_on_us=timings["on"],
-                         fast_on_int_pointers_us=timings["ints"], on_over_raw10=ratio))
+                         fast_on_int_pointers_us=timings["ints"],
+                         fast_on_no_tma_cache_us=timings["no_tma_cache"], on_over_raw10=ratio))
     return rows
 
 

@@ -26,6 +26,11 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+try:  # Triton 3.6's encoding of a host TensorDescriptor for a launch (see _tma_args)
+    from triton.backends.nvidia.driver import make_tensordesc_arg as _make_tensordesc_arg
+except Exception:  # noqa: BLE001 - another version or no NVIDIA backend: never cached
+    _make_tensordesc_arg = None
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -356,8 +361,14 @@ FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
 # cuPointerGetAttribute check (a driver call each), which the ops' own checks (CUDA tensors of one
 # device) make redundant. An experiment, timed by analysis/fast_launch_check.py (off by default).
 POINTERS_AS_INTS = os.environ.get("TRITON_FUSION_POINTERS_AS_INTS", "0") == "1"
-# Compiled kernels remembered per JITFunction; a full table is emptied and refills.
+# Host TensorDescriptors turned into TMA descriptors once per (address, shape, strides, padding)
+# and compiled kernel, instead of at every launch (Triton's launcher wrapper encodes each one
+# every call, in Python). TRITON_FUSION_CACHE_TMA=0 or `_common.CACHE_TMA = False`: off.
+CACHE_TMA = os.environ.get("TRITON_FUSION_CACHE_TMA", "1") != "0"
+# Compiled kernels remembered per JITFunction; a full table is emptied and refills (so is a
+# compiled kernel's table of TMA descriptors, at TMA_MAX_ENTRIES).
 FAST_LAUNCH_MAX_ENTRIES = 1024
+TMA_MAX_ENTRIES = 256
 # specialization_key and launch mirror Triton 3.6's JITFunction.run: other versions take the
 # normal path.
 _TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
@@ -416,18 +427,55 @@ class _Compiled:
     """One compiled kernel and what its launcher needs besides the runtime arguments."""
 
     __slots__ = ("kernel", "launcher", "direct", "function", "packed_metadata", "coop", "pdl",
-                 "constexprs", "globals")
+                 "constexprs", "globals", "c_launch", "descs", "tma")
 
     def __init__(self, kernel, launcher, direct, constexprs, globals_):
         self.kernel = kernel
         self.launcher = launcher
         self.direct = direct
+        # Kernels with TMA descriptor arguments: the C launch under Triton's wrapper, the
+        # (position, metadata) of each descriptor argument, and the encoded descriptors.
+        unwrapped = _unwrap_tensordesc(launcher.launch) if direct else None
+        self.c_launch, self.descs = unwrapped or (None, ())
+        self.tma = {}
         self.function = kernel.function
         self.packed_metadata = kernel.packed_metadata
         self.coop = getattr(launcher, "launch_cooperative_grid", None)
         self.pdl = getattr(launcher, "launch_pdl", None)
         self.constexprs = constexprs
         self.globals = globals_
+
+
+def _unwrap_tensordesc(wrapped):
+    """(the C launch, ((position, metadata), ... last position first)) from Triton 3.6's
+    `wrap_handle_tensordesc` closure around a CudaLauncher's launch, where every descriptor
+    argument has TMA metadata (a kernel compiled for sm_90+); else None."""
+    code = getattr(wrapped, "__code__", None)
+    if _make_tensordesc_arg is None or code is None or getattr(wrapped, "__name__", "") != "inner":
+        return None
+    try:
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in wrapped.__closure__)))
+        c_launch, indices, metas = (cells["launcher"], sorted(cells["tensordesc_indices"]),
+                                    cells["tensordesc_meta"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not indices or metas is None or len(metas) != len(indices) or None in metas:
+        return None
+    return c_launch, tuple(reversed(tuple(zip(indices, metas))))
+
+
+def _tma_args(entry, position, desc, meta):
+    """What Triton's wrapper passes for the host TensorDescriptor at `position` (`make_tensordesc_arg`:
+    the encoded TMA descriptor, then the shape and strides), from the entry's table. The encoding
+    depends on the base address, shape, strides, padding and on the metadata of the argument
+    (block shape, swizzle, element type: fixed per entry and position)."""
+    key = (position, desc.base.data_ptr(), *desc.shape, None, *desc.strides, desc.padding)
+    hit = entry.tma.get(key)
+    if hit is None:
+        if len(entry.tma) >= TMA_MAX_ENTRIES:
+            entry.tma.clear()
+        hit = entry.tma[key] = _make_tensordesc_arg(desc, meta)
+    return hit
 
 
 class _Launches:
@@ -526,7 +574,14 @@ def launch(kernel, grid, *args, **kwargs):
     if POINTERS_AS_INTS:
         args = [a.data_ptr() if a.__class__ is _Tensor else a for a in args]
     # No hooks are set (checked above): no launch metadata, None for the hooks.
-    if entry.direct:
+    if entry.descs and CACHE_TMA:
+        args = list(args)
+        for i, meta in entry.descs:  # last first: an expansion shifts what follows it
+            args[i:i + 1] = _tma_args(entry, i, args[i], meta)
+        entry.c_launch(grid_0, grid_1, grid_2, stream, entry.function, entry.coop, entry.pdl,
+                       None, None, entry.packed_metadata, None, None, None, *args,
+                       *entry.constexprs)
+    elif entry.direct:
         entry.launcher.launch(grid_0, grid_1, grid_2, stream, entry.function, entry.coop,
                               entry.pdl, None, None, entry.packed_metadata, None, None, None,
                               *args, *entry.constexprs)

@@ -296,3 +296,58 @@ def test_every_public_op_takes_the_fast_path_with_the_normal_paths_arguments():
     done = subprocess.run([sys.executable, "-m", "triton_fusion_report.analysis.host_proxy",
                            "--check"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+def test_cached_tma_descriptors_are_what_tritons_wrapper_passes(monkeypatch):
+    """A kernel with host TensorDescriptor arguments: launch expands them as Triton 3.6's own
+    wrapper (wrap_handle_tensordesc) does, encoding each (address, shape, strides, padding) once."""
+    nv = pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.runtime.driver import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    encoded = []
+
+    class Utils:
+        @staticmethod
+        def fill_tma_descriptor(ptr, swizzle, elem_size, elem_type, block, shape, strides, pad):
+            encoded.append(ptr)
+            return ("tma", ptr, swizzle, elem_size, elem_type, tuple(block), tuple(shape),
+                    tuple(strides), pad)
+
+    class Fake:
+        utils = Utils()
+
+    previous = driver._active
+    driver.set_active(Fake())
+    try:
+        passed = []
+        signature = {"Q": "tensordesc<fp16[64, 32]>", "n": "i32",
+                     "K": "tensordesc<fp16[16, 32]>", "B": "constexpr"}
+        metas = [dict(swizzle=128, elem_size=2, elem_type=1, block_size=[64, 32],
+                      fp4_padded=False),
+                 dict(swizzle=64, elem_size=2, elem_type=1, block_size=[16, 32],
+                      fp4_padded=False)]
+        wrapped = nv.wrap_handle_tensordesc(lambda *a: passed.append(a), signature, metas)
+        c_launch, descs = C._unwrap_tensordesc(wrapped)
+        assert [i for i, _ in descs] == [2, 0]
+        entry = type("Entry", (), {"tma": {}})()
+        base = tuple(range(13))
+        a, b = torch.randn(128, 32, dtype=torch.float16), torch.randn(256, 32, dtype=torch.float16)
+
+        def descs_of(t, u):
+            return (TensorDescriptor(t, list(t.shape), list(t.stride()), [64, 32]),
+                    TensorDescriptor(u, list(u.shape), list(u.stride()), [16, 32]))
+
+        for t, u in ((a, b), (a, b), (b[:128], a), (a, b[:200])):
+            q, k = descs_of(t, u)
+            wrapped(*base, q, 7, k, 16)
+            args = [q, 7, k, 16]
+            for i, meta in descs:
+                args[i:i + 1] = C._tma_args(entry, i, args[i], meta)
+            c_launch(*base, *args)
+            assert passed[-1] == passed[-2]
+        # Triton's wrapper encoded 8 descriptors; the cache 5: (a, b) twice is one pair, a as K
+        # is not a as Q (another block shape), a as Q once more is.
+        assert len(encoded) == 8 + 5
+    finally:
+        driver.set_active(previous)

@@ -104,6 +104,7 @@ def test_tuned_launch(causal, device, monkeypatch):
     monkeypatch.setattr(at, "_bench", one_run)
     monkeypatch.setattr(at, "_TUNED", {})
     monkeypatch.setattr(at, "_PLANS", {})  # plans made under the interpreter use fixed configs
+    monkeypatch.setattr(at, "_STEADY", {})
     q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
     out = kernels.attention(q, k, v, causal=causal)
     assert len(runs) == 2  # seq 100 prunes the 128-row configs: two 64-row ones are left

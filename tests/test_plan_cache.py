@@ -7,6 +7,7 @@ import torch
 from triton_fusion_report import kernels
 from triton_fusion_report.kernels import _common as C
 from triton_fusion_report.kernels import elementwise as ew
+from triton_fusion_report.kernels import flash_attention as fa
 from triton_fusion_report.kernels import layernorm as ln
 from triton_fusion_report.kernels import linear_activation as la
 from triton_fusion_report.kernels import row_softmax as sm
@@ -117,7 +118,19 @@ def test_cached_and_uncached_paths_agree(device, fast_launch, monkeypatch):
         lambda: kernels.linear_act(xm, wt.t(), bm, "relu"),
         lambda: kernels.linear_act(xm[:, :16], wm[:16], None, "gelu_tanh"),
     ]
-    caches = [ew._PLANS, sm._PLANS, ln._PLANS, sv._PLANS, la._PLANS, sr._PLANS]
+    h = torch.float16
+    q, k, v = (r(1, 2, 40, 16, device=device, dtype=h) for _ in range(3))
+    qkv = r(2, 40, 3, 4, 16, device=device, dtype=h)
+    kv2 = r(2, 2, 56, 16, device=device, dtype=h)
+    cases += [
+        lambda: kernels.attention(q, k, v), lambda: kernels.attention(q, k, v, causal=True),
+        lambda: kernels.attention(_odd_strides(q), k, v, sm_scale=-0.3),
+        lambda: kernels.attention(*(qkv[:, :, i].transpose(1, 2) for i in range(3))),
+        lambda: kernels.attention(qkv[:, :, 0].transpose(1, 2), kv2, kv2, causal=True),
+        lambda: fa.triton_fused(q, k, v, return_lse=True)[1],
+    ]
+    caches = [ew._PLANS, sm._PLANS, ln._PLANS, sv._PLANS, la._PLANS, sr._PLANS, fa._PLANS,
+              fa._STEADY]
     for case in cases:
         for cache in caches:
             cache.clear()

@@ -375,7 +375,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         key = None  # (an option of another type is checked, and refused, every call)
     plan = cached(_PLANS, key, _plan, q, k, v, causal, sm_scale, options, return_lse)
     if plan.route == "decode":
-        out, lse = flash_decoding.attention(q, k, v, causal, sm_scale)
+        out, lse = flash_decoding.attention(q, k, v, causal, sm_scale, return_lse=return_lse)
         return (out, lse) if return_lse else out
     if plan.route == "pad":
         # Tensor descriptors need rows of 16 bytes: zero columns up to a multiple of 8 change no

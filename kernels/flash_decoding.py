@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._common import (cached, cdiv, empty, interpreting, launch, layout_key, next_pow2,
-                      plan_cache, plan_strides, sm_count_of)
+                      plan_cache, plan_strides, scratch, sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -35,8 +35,8 @@ def _decode_split(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H_KV, GROUP, CHUNK,
                   sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                   so_b, so_h, so_s, so_x, sl_x,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                  UPCAST: tl.constexpr, FINAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+                  UPCAST: tl.constexpr, FINAL: tl.constexpr, STORE_LSE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Program (split, batch * kv head). Row r of the tile is query r % SEQ of query head
     kv_head * GROUP + r // SEQ. FINAL (one split): O is the output (batch, heads, seq, dim) and
     LSE (batch * heads, seq); else O is the float32 partials (split, batch * kv heads, rows, dim),
@@ -92,8 +92,9 @@ def _decode_split(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H_KV, GROUP, CHUNK,
         o_ptrs = (O + b.to(tl.int64) * so_b + q_h[:, None].to(tl.int64) * so_h
                   + q_i[:, None].to(tl.int64) * so_s + cols[None, :])
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-        heads = H_KV * GROUP
-        tl.store(LSE + (b * heads + q_h).to(tl.int64) * SEQ + q_i, lse, mask=row_ok)
+        if STORE_LSE:
+            heads = H_KV * GROUP
+            tl.store(LSE + (b * heads + q_h).to(tl.int64) * SEQ + q_i, lse, mask=row_ok)
     else:
         part = split.to(tl.int64) * so_x + off_kv.to(tl.int64) * BLOCK_M * BLOCK_D
         tl.store(O + part + rows[:, None] * BLOCK_D + cols[None, :], out)
@@ -103,7 +104,7 @@ def _decode_split(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H_KV, GROUP, CHUNK,
 @triton.jit
 def _decode_merge(P, PL, O, LSE, SEQ, H_KV, GROUP, N_SPLITS, so_b, so_h, so_s, so_x, sl_x,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_S: tl.constexpr):
+                  BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr):
     """Program (batch * kv head): the rows of one tile, merged over the splits."""
     off_kv = tl.program_id(0)
     b = off_kv // H_KV
@@ -130,9 +131,10 @@ def _decode_merge(P, PL, O, LSE, SEQ, H_KV, GROUP, N_SPLITS, so_b, so_h, so_s, s
     o_ptrs = (O + b.to(tl.int64) * so_b + q_h[:, None].to(tl.int64) * so_h
               + q_i[:, None].to(tl.int64) * so_s + cols[None, :])
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & (cols < HEAD_DIM)[None, :])
-    heads = H_KV * GROUP
-    tl.store(LSE + (b * heads + q_h).to(tl.int64) * SEQ + q_i, top + tl.math.log2(total),
-             mask=row_ok)
+    if STORE_LSE:
+        heads = H_KV * GROUP
+        tl.store(LSE + (b * heads + q_h).to(tl.int64) * SEQ + q_i, top + tl.math.log2(total),
+                 mask=row_ok)
 
 
 def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -151,27 +153,31 @@ def default_splits(batch_kv_heads: int, seq_k: int, device) -> int:
 
 
 def attention(q, k, v, causal: bool, sm_scale: float, *, num_splits=None, block_n=None,
-              num_warps=None, num_stages=None):
-    """out (q's shape and dtype) and lse (float32 (batch * heads, seq_q), base 2), inputs checked
-    by flash_attention._check_inputs. num_splits: chunks of the keys (None: default_splits)."""
+              num_warps=None, num_stages=None, return_lse=True):
+    """out (q's shape and dtype) and lse (float32 (batch * heads, seq_q), base 2; None unless
+    return_lse), inputs checked by flash_attention._check_inputs. num_splits: chunks of the keys
+    (None: default_splits)."""
     options = (num_splits, block_n, num_warps, num_stages)
     key = layout_key((q, k, v), options)
-    plan = cached(_PLANS, None if key is None else key + (causal,), _plan, q, k, v, causal,
-                  options)
+    return_lse = bool(return_lse)
+    plan = cached(_PLANS, None if key is None else key + (causal, return_lse), _plan, q, k, v,
+                  causal, options, return_lse)
     out = empty(q.shape, q.dtype, q.device)
-    lse = empty((q.shape[0] * q.shape[1], q.shape[2]), torch.float32, q.device)
+    lse = (empty((q.shape[0] * q.shape[1], q.shape[2]), torch.float32, q.device) if return_lse
+           else None)
     if plan is None:
         return out, lse
     if plan.final:
-        part, part_lse = out, lse
+        part, part_lse = out, out if lse is None else lse
     else:
-        part = empty(plan.part_shape, torch.float32, q.device)
-        part_lse = empty(plan.part_shape[:3], torch.float32, q.device)
+        # The partials are read back by the merge alone, in stream order: kept between calls.
+        part = scratch(plan.part_shape, torch.float32, q.device)[0]
+        part_lse = scratch(plan.part_shape[:3], torch.float32, q.device)[0]
     launch(_decode_split, plan.grid, q, k, v, part, part_lse, sm_scale, *plan.split_args,
            **plan.split_consts)
     if not plan.final:
-        launch(_decode_merge, plan.merge_grid, part, part_lse, out, lse, *plan.merge_args,
-               **plan.merge_consts)
+        launch(_decode_merge, plan.merge_grid, part, part_lse, out, out if lse is None else lse,
+               *plan.merge_args, **plan.merge_consts)
     return out, lse
 
 
@@ -189,7 +195,7 @@ class _Plan(NamedTuple):
 _PLANS = plan_cache()
 
 
-def _plan(q, k, v, causal, options) -> _Plan | None:
+def _plan(q, k, v, causal, options, return_lse) -> _Plan | None:
     """The launches for one layout of q, k, v (None: no output element)."""
     num_splits, block_n, num_warps, num_stages = options
     batch, heads, seq, head_dim = q.shape
@@ -213,12 +219,13 @@ def _plan(q, k, v, causal, options) -> _Plan | None:
     split_args = (seq, seq_k, kv_heads, group, chunk, *plan_strides(q)[:3], *plan_strides(k)[:3],
                   *plan_strides(v)[:3], *out_strides, sx, slx)
     split_consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
-                        UPCAST=_upcast_bf16(q.dtype), FINAL=final, BLOCK_M=block_m,
+                        UPCAST=_upcast_bf16(q.dtype), FINAL=final, STORE_LSE=return_lse,
+                        BLOCK_M=block_m,
                         BLOCK_N=block_n, num_warps=num_warps or 4,
                         num_stages=num_stages or (1 if interpreting() else 3))
     merge_args = (seq, kv_heads, group, splits, *out_strides, sx, slx)
     merge_consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-                        BLOCK_S=max(2, next_pow2(splits)), num_warps=4)
+                        BLOCK_S=max(2, next_pow2(splits)), STORE_LSE=return_lse, num_warps=4)
     return _Plan((splits, batch * kv_heads), split_args, split_consts, final, part_shape,
                  (batch * kv_heads,), merge_args, merge_consts)
 

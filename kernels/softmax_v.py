@@ -165,6 +165,21 @@ def _trivial(x, v):
     return None
 
 
+def _default_tiles(dtype, d1, d2, d3) -> tuple:
+    """(block_1, block_2, block_3, num_warps, num_stages) of the fused kernel, from config
+    searches on the H100 (analysis/NOTES.md). float16/bfloat16 with d3 > 64: one program holds
+    64 rows by all of d3 up to 512 (x read once; 8 warps, two warpgroups of tensor-core products),
+    or 128 rows by d3 up to 256, with 64-key chunks: 16 x 2048 x 8192 x 512 in 0.95 ms against
+    1.52 with the float32 tiles, 16 x 2048 x 8192 x 128 in 0.36 against 0.59. float32 (and d3 <=
+    64): 32 x 32 score tiles by a 256-wide slice of d3 (ahead of larger tiles by ~2x at d3 = 512,
+    where larger float32 tiles run out of registers or shared memory)."""
+    if dtype != torch.float32 and d3 > 64:
+        block_3 = _pow2_block(d3, 16, 512)
+        block_1 = _pow2_block(d1, 16, 64 if block_3 >= 512 else 128)
+        return block_1, _pow2_block(d2, 16, 64), block_3, 8, 3
+    return _pow2_block(d1, 16, 32), _pow2_block(d2, 16, 32), _pow2_block(d3, 16, 256), 4, 2
+
+
 class _FusedLaunch(NamedTuple):
     """How triton_fused runs one layout (cached): no launch (a dim is empty: zeros), else the
     grid, the sizes and strides it passes and the kernel's constexprs and options."""
@@ -181,16 +196,12 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps,
     precision = _check_inputs(x, v, input_precision)
     batch, d1, d2 = x.shape
     d3 = v.shape[2]
-    # Defaults from a config search on the H100 (analysis/tune.py, NOTES.md): 32 x 32 score tiles
-    # and a 256-wide slice of d3 per program beat larger score tiles by ~2x at d3 = 512.
-    block_1 = check_pow2("block_1", _pow2_block(d1, 16, 32) if block_1 is None else block_1,
-                         why=DOT_MIN)
-    block_2 = check_pow2("block_2", _pow2_block(d2, 16, 32) if block_2 is None else block_2,
-                         why=DOT_MIN)
-    block_3 = check_pow2("block_3", _pow2_block(d3, 16, 256) if block_3 is None else block_3,
-                         why=DOT_MIN)
-    num_warps = 4 if num_warps is None else num_warps
-    num_stages = 2 if num_stages is None else num_stages
+    d_1, d_2, d_3, d_warps, d_stages = _default_tiles(x.dtype, d1, d2, d3)
+    block_1 = check_pow2("block_1", d_1 if block_1 is None else block_1, why=DOT_MIN)
+    block_2 = check_pow2("block_2", d_2 if block_2 is None else block_2, why=DOT_MIN)
+    block_3 = check_pow2("block_3", d_3 if block_3 is None else block_3, why=DOT_MIN)
+    num_warps = d_warps if num_warps is None else num_warps
+    num_stages = d_stages if num_stages is None else num_stages
     out_shape = (batch, d1, d3)
     trivial = batch * d1 * d3 == 0 or d2 == 0
     out_strides = (d1 * d3, d3, 1)  # a new contiguous tensor's

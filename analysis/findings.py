@@ -331,9 +331,14 @@ def matmul_softmax_findings(df, copy_bw: float) -> dict:
 
 
 def linear_act_findings(df) -> dict:
-    """TFLOP/s of linear + GELU at 8192 cubed, float16."""
+    """TFLOP/s of linear + GELU at 8192 cubed, float16; ms of the largest TF32 shape."""
     rows = R.ok_rows(df)
     sel = rows[(rows["dtype"] == "float16") & (rows["m"] == LINEAR[0]) & (rows["activation"] == "gelu")]
+    tf32 = rows[(rows["precision"] == "tf32") & (rows["activation"] == "gelu")]
+    tf32_m = int(tf32["m"].max()) if len(tf32) else 0
+    tf32 = tf32[tf32["m"] == tf32_m]
     return dict(fused_tflops=R.value_at(sel, "triton_fused", "tflops"),
                 cublas_tflops=R.value_at(sel, "cublas", "tflops"),
-                eager_tflops=R.value_at(sel, "torch_eager", "tflops"))
+                eager_tflops=R.value_at(sel, "torch_eager", "tflops"),
+                tf32_m=tf32_m, **{f"tf32_{impl}_ms": R.value_at(tf32, impl, "ms_median")
+                                  for impl in ("triton_fused", "cublas", "torch_compile")})

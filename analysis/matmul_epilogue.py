@@ -45,6 +45,13 @@ def _inputs(M, K, N, dtype, device):
     return x, w, b
 
 
+def _linear_inputs(M, K, N, dtype, device):
+    """As _inputs, with the weight as nn.Linear stores it, (N, K), passed transposed: the (K, N)
+    view every implementation gets is K-contiguous, the layout of F.linear's weight."""
+    x, w, b = _inputs(M, K, N, dtype, device)
+    return x, w.t().contiguous().t(), b
+
+
 def _logits(x, w, b):
     return torch.addmm(b, x, w)
 
@@ -128,7 +135,7 @@ def linear_act_problems(grid: str = "full") -> list[Problem]:
         out.append(Problem(
             family="linear_act", op=f"linear_{act}", dtype=dtype, precision=precision,
             shape=dict(m=M, k=K, n=N, activation=act),
-            make_inputs=functools.partial(_inputs, M, K, N, dtype), reference=ref,
+            make_inputs=functools.partial(_linear_inputs, M, K, N, dtype), reference=ref,
             bytes_model=nbytes("triton_fused"), flops_model=2 * M * N * K,
             tolerance=TOLERANCE[precision], variants=variants))
     return out

@@ -175,8 +175,9 @@ def _default_tiles(dtype, d1, d2, d3) -> tuple:
     where larger float32 tiles run out of registers or shared memory)."""
     if dtype != torch.float32 and d3 > 64:
         block_3 = _pow2_block(d3, 16, 512)
-        block_1 = _pow2_block(d1, 16, 64 if block_3 >= 512 else 128)
-        return block_1, _pow2_block(d2, 16, 64), block_3, 8, 3
+        if block_3 >= 512:
+            return _pow2_block(d1, 16, 64), _pow2_block(d2, 16, 64), block_3, 16, 3
+        return _pow2_block(d1, 16, 128), _pow2_block(d2, 16, 64), block_3, 8, 3
     return _pow2_block(d1, 16, 32), _pow2_block(d2, 16, 32), _pow2_block(d3, 16, 256), 4, 2
 
 

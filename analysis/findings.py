@@ -280,7 +280,7 @@ def softmax_matmul_findings(df) -> dict:
     rows = R.ok_rows(df)
     d2 = int(rows["d2"].max())
     out = {}
-    for precision in ("ieee", "tf32"):
+    for precision in ("ieee", "tf32", "float16"):
         at = rows[(rows["precision"] == precision) & (rows["d2"] == d2)]
         out[precision] = dict(eager=R.value_at(at, "torch_eager"), fused=R.value_at(at, "triton_fused"),
                               compile=R.value_at(at, "torch_compile"),

@@ -188,15 +188,15 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
                  mask=offs_m < SEQ)
 
 
-def _descriptor(t, shape, strides):
-    """A host TensorDescriptor over t (block shape set before each launch), made without the
-    dataclass's own checks where _check_inputs has made them (a 16-byte aligned base, strides of
-    16-byte multiples, a unit last stride): they cost more host time than a small launch."""
+def _descriptor(t, shape, strides, block_shape=None):
+    """A host TensorDescriptor over t (block shape given, or set before each launch), made without
+    the dataclass's own checks where _check_inputs has made them (a 16-byte aligned base, strides
+    of 16-byte multiples, a unit last stride): they cost more host time than a small launch."""
     if not all(shape):
         return TensorDescriptor(t, shape, strides, [1] * len(shape))  # raises: an empty dim
     d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, [1] * len(shape), \
-        "zero"
+    d.base, d.shape, d.strides, d.padding = t, shape, strides, "zero"
+    d.block_shape = [1] * len(shape) if block_shape is None else block_shape
     return d
 
 
@@ -460,21 +460,13 @@ class _Steady:
         lse = None if self.lse_shape is None else empty(self.lse_shape, torch.float32, q.device)
         zh, seq, seq_k, heads, group = self.ints
         if self.specs is None:
-            descs = [_made(t, list(t.shape), list(t.stride()), b)
+            descs = [_descriptor(t, list(t.shape), list(t.stride()), b)
                      for t, b in zip((q, k, v), self.blocks)]
         else:
-            descs = [_made(t, *spec) for t, spec in zip((q, k, v), self.specs)]
+            descs = [_descriptor(t, *spec) for t, spec in zip((q, k, v), self.specs)]
         launch(_attn_fwd, self.grid, *descs, out, out if lse is None else lse, sm_scale, zh, seq,
                seq_k, heads, group, **self.kwargs)
         return out if lse is None else (out, lse)
-
-
-def _made(t, shape, strides, block_shape):
-    """A host TensorDescriptor with its block shape, without the dataclass's checks (see
-    _descriptor)."""
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, block_shape, "zero"
-    return d
 
 
 # Steady-state launchers by triton_fused's key (layout, causal, scale, options, return_lse);

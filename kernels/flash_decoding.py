@@ -220,8 +220,7 @@ def _plan(q, k, v, causal, options, return_lse) -> _Plan | None:
                   *plan_strides(v)[:3], *out_strides, sx, slx)
     split_consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                         UPCAST=_upcast_bf16(q.dtype), FINAL=final, STORE_LSE=return_lse,
-                        BLOCK_M=block_m,
-                        BLOCK_N=block_n, num_warps=num_warps or 4,
+                        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps or 4,
                         num_stages=num_stages or (1 if interpreting() else 3))
     merge_args = (seq, kv_heads, group, splits, *out_strides, sx, slx)
     merge_consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,

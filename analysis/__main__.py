@@ -11,6 +11,7 @@ alone; `python -m triton_fusion_report.analysis.append_run` then adds them to a 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import random
 import sys
 from pathlib import Path
@@ -80,6 +81,11 @@ def main(argv=None) -> int:
     meta = machine.run_metadata(device)
     print(f"run {meta['run_id']} on {meta['gpu']}: torch {meta['torch']}, triton "
           f"{meta['triton']}, cuda {meta['cuda']}, commit {meta['git_commit']}", flush=True)
+    runs = schema.ParquetSink(args.out / "runs.parquet", schema.runs_schema(), keep_existing=True)
+    families = ",".join(args.family or sorted(FAMILIES))
+    argv_ = ["python -m triton_fusion_report.analysis", *(argv if argv is not None else sys.argv[1:])]
+    runs.upsert(machine.run_record(meta, device, "start", argv_, status="running",
+                                   families=families))
     limit_rows = machine.measure_limits(device, meta)
     # One folder may hold several runs (one per family, say): their limits accumulate.
     sink = schema.ParquetSink(args.out / "limits.parquet", schema.limits_schema(),
@@ -91,6 +97,13 @@ def main(argv=None) -> int:
 
     paths = sweep.run(problems, args.out, device, meta, limit_rows,
                       progress=not args.no_progress)
+    n_rows = sum(schema.read(path)["run_id"].eq(meta["run_id"]).sum() for path in paths.values())
+    start = next(r for r in runs.rows if r["run_id"] == meta["run_id"])
+    end = machine.run_record(meta, device, "end", argv_, status="finished", families=families,
+                             rows=int(n_rows),
+                             finished_at=dt.datetime.now(dt.timezone.utc).isoformat(
+                                 timespec="seconds"))
+    runs.upsert({**start, **{k: v for k, v in end.items() if v is not None or k not in start}})
     for family, path in paths.items():
         print(summary.table(schema.read(path)))
         print(f"-> {path}")

@@ -1,10 +1,10 @@
 """Who measured: the run's metadata, and the machine's own limits measured at the start of a run."""
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import hashlib
-import os
-import re
+import platform
 import subprocess
 import uuid
 from pathlib import Path
@@ -12,28 +12,38 @@ from pathlib import Path
 import torch
 import triton
 
+from . import schema
 from .timing import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-COMMIT = re.compile(r"^[0-9a-f]{40}(-dirty)?$")
 # The code whose numbers a row holds, hashed: what a commit names, even from a copy without git.
 SOURCE_GLOBS = ("kernels/*.py", "analysis/*.py", "triton_fusion_report/*.py")
+# The kernel modules each family's Triton implementations start from (their imports within
+# kernels/ are followed); every family also runs the package's entry points.
+FAMILY_KERNELS = {
+    "elementwise": ("elementwise",),
+    "softmax": ("row_softmax", "row_softmax_backward"),
+    "layernorm": ("layernorm",),
+    "softmax_matmul": ("softmax_v",),
+    "attention": ("flash_attention", "flash_attention_backward", "flash_decoding"),
+    "matmul_softmax": ("softmax_regression",),
+    "linear_act": ("linear_activation",),
+}
+ALWAYS_KERNELS = ("__init__", "ops", "_common")
+LIMIT_REP_MS = 100  # timed repetitions of each limit (one trial)
+# HBM bandwidth on the vendor's datasheet (GB/s), by the name torch reports: a ceiling no
+# measurement reaches, shown beside the measured ones.
+SPEC_BW = {"NVIDIA H100 80GB HBM3": 3350.0, "NVIDIA H200": 4800.0, "NVIDIA H100 PCIe": 2000.0,
+           "NVIDIA A100-SXM4-80GB": 2039.0, "NVIDIA A100-SXM4-40GB": 1555.0}
 
 
 def git_commit() -> str:
     """The full commit of this checkout, "-dirty" if tracked files differ from it; "unknown"
     where this folder is not the top of a git checkout (an unpacked copy inside another
-    repository must not record that repository's commit). GIT_COMMIT overrides (a copy made with
-    `git archive`, run elsewhere) and must be a full hash."""
-    given = os.environ.get("GIT_COMMIT")
-    if given:
-        if not COMMIT.match(given):
-            raise ValueError(f"GIT_COMMIT must be a full 40-character commit hash (optionally "
-                             f"with -dirty), got {given!r}")
-        return given
-
+    repository must not record that repository's commit). Never typed by hand: a run on another
+    machine runs in a clone of the commit (a git bundle travels, not a label)."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, text=True, capture_output=True,
                               check=True).stdout.strip()
@@ -48,16 +58,45 @@ def git_commit() -> str:
 
 def source_hash() -> str:
     """sha256 (first 16 hex digits) of the project's Python sources, path and content."""
+    return _hash(sorted(p for g in SOURCE_GLOBS for p in ROOT.glob(g)))
+
+
+def _hash(paths) -> str:
     h = hashlib.sha256()
-    for path in sorted(p for g in SOURCE_GLOBS for p in ROOT.glob(g)):
+    for path in paths:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
+def _kernel_imports(name: str) -> set[str]:
+    """The modules of kernels/ that kernels/<name>.py imports (relative imports only)."""
+    tree = ast.parse((ROOT / "kernels" / f"{name}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(a.name for a in node.names)
+    return {m for m in found if (ROOT / "kernels" / f"{m}.py").is_file()}
+
+
+def kernel_hash(family: str) -> str:
+    """Hash (as `source_hash`) of the kernel modules a family's Triton rows ran: its entry
+    modules, what they import within kernels/, and the package's entry points."""
+    todo, seen = list(FAMILY_KERNELS[family]) + list(ALWAYS_KERNELS), set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += sorted(_kernel_imports(name) - seen)
+    return _hash(sorted(ROOT / "kernels" / f"{m}.py" for m in seen))
+
+
 def gpu_state(device: torch.device) -> dict:
-    """The GPU's clocks, power and temperature now (NVML); None where not readable."""
-    state = dict(sm_clock_mhz=None, sm_clock_max_mhz=None, power_w=None, power_limit_w=None,
-                 temp_c=None)
+    """The GPU's driver, clocks, power and temperature now (NVML); None where not readable."""
+    state = dict(driver=None, sm_clock_mhz=None, sm_clock_max_mhz=None, mem_clock_mhz=None,
+                 mem_clock_max_mhz=None, power_w=None, power_limit_w=None, temp_c=None)
     if device.type != "cuda":
         return state
     try:
@@ -66,9 +105,13 @@ def gpu_state(device: torch.device) -> dict:
         pynvml.nvmlInit()
         index = device.index if device.index is not None else torch.cuda.current_device()
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        driver = pynvml.nvmlSystemGetDriverVersion()
         state.update(
+            driver=driver.decode() if isinstance(driver, bytes) else driver,
             sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
             sm_clock_max_mhz=pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            mem_clock_mhz=pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            mem_clock_max_mhz=pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
             power_w=pynvml.nvmlDeviceGetPowerUsage(h) / 1e3,
             power_limit_w=pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3,
             temp_c=pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
@@ -82,8 +125,9 @@ def run_metadata(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         gpu, sms = props.name, props.multi_processor_count
+        index = device.index if device.index is not None else torch.cuda.current_device()
     else:
-        gpu, sms = "cpu (Triton interpreter)", None
+        gpu, sms, index = "cpu (Triton interpreter)", None, None
     state = gpu_state(device)
     return dict(
         run_id=started.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6],
@@ -95,11 +139,25 @@ def run_metadata(device: torch.device) -> dict:
         triton=triton.__version__,
         cuda=torch.version.cuda or "none",
         source_hash=source_hash(),
+        gpu_index=index,
         # At the run's start (an idle GPU's clock is low; the maximum says what it may reach).
         gpu_sm_clock_max_mhz=state["sm_clock_max_mhz"],
         gpu_power_limit_w=state["power_limit_w"],
         gpu_temp_c_at_start=state["temp_c"],
     )
+
+
+def run_record(meta: dict, device: torch.device, when: str, argv=None, **extra) -> dict:
+    """A row of runs.parquet: the run's metadata and the GPU's state `when` ("start" or "end"),
+    the commit split into hash and cleanliness."""
+    commit = meta["git_commit"]
+    state = gpu_state(device)
+    row = {k: meta[k] for k in schema.RUNS if k in meta}
+    row.update(git_clean=None if commit == "unknown" else not commit.endswith("-dirty"),
+               driver=state.pop("driver"), hostname=platform.node(),
+               argv=" ".join(argv) if argv is not None else None, **extra)
+    row.update({f"{k}_{when}": v for k, v in state.items()})
+    return row
 
 
 MATMUL_PRECISIONS = [  # (dtype, precision label, allow_tf32)
@@ -111,8 +169,9 @@ MATMUL_PRECISIONS = [  # (dtype, precision label, allow_tf32)
 
 
 def measure_limits(device: torch.device, meta: dict) -> list[dict]:
-    """Device-to-device copy bandwidth (bytes read + written) and matmul peak per precision,
-    measured with the same timing protocol as the sweeps, on random data."""
+    """Device-to-device copy bandwidth (bytes read + written), a read-heavy stream's bandwidth
+    and the matmul peak per precision, measured with the sweeps' timing protocol on random data;
+    and the datasheet's bandwidth where the GPU is known."""
     if device.type != "cuda":
         return [dict(meta, metric="copy_bw", dtype="float32", precision="ieee", value=None,
                      unit="GB/s", detail="not measured on the CPU")]
@@ -120,11 +179,24 @@ def measure_limits(device: torch.device, meta: dict) -> list[dict]:
     n = 2**28  # 1 GiB of float32: far larger than the L2
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    t = bench(lambda: dst.copy_(src), device)
+    t = bench(lambda: dst.copy_(src), device, rep_ms=LIMIT_REP_MS)
     rows.append(dict(meta, metric="copy_bw", dtype="float32", precision="ieee",
                      value=2 * src.nbytes / t["ms_median"] / 1e6, unit="GB/s",
                      detail=f"torch copy_ of {src.nbytes >> 20} MiB, median of {t['n_reps']}"))
-    del src, dst
+    # Three reads and one write, the add-mul pattern: a read-heavy stream reaches more than
+    # the copy (DRAM turns around less often), so it is the ceiling of kernels that mostly read.
+    a, b, c = (torch.randn(n // 4, device=device) for _ in range(3))
+    out = torch.empty_like(a)
+    t = bench(lambda: torch.addcmul(a, b, c, out=out), device, rep_ms=LIMIT_REP_MS)
+    rows.append(dict(meta, metric="stream_bw", dtype="float32", precision="ieee",
+                     value=4 * a.nbytes / t["ms_median"] / 1e6, unit="GB/s",
+                     detail=f"torch.addcmul: 3 reads and 1 write of {a.nbytes >> 20} MiB, "
+                            f"median of {t['n_reps']}"))
+    del src, dst, a, b, c, out
+    if meta["gpu"] in SPEC_BW:
+        rows.append(dict(meta, metric="spec_bw", dtype="float32", precision="ieee",
+                         value=SPEC_BW[meta["gpu"]], unit="GB/s",
+                         detail="HBM bandwidth on the vendor's datasheet (not measured)"))
     m = 8192
     previous = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -132,7 +204,7 @@ def measure_limits(device: torch.device, meta: dict) -> list[dict]:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             a = torch.randn(m, m, device=device, dtype=dtype)
             b = torch.randn(m, m, device=device, dtype=dtype)
-            t = bench(lambda: a @ b, device)
+            t = bench(lambda: a @ b, device, rep_ms=LIMIT_REP_MS)
             rows.append(dict(meta, metric="matmul_peak", dtype=str(dtype).replace("torch.", ""),
                              precision=precision, value=2 * m**3 / t["ms_median"] / 1e9,
                              unit="TFLOP/s", detail=f"torch.matmul {m}x{m}x{m}, random data"))

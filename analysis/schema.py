@@ -31,11 +31,31 @@ MEASURED = {
     # Median GPU time of one call: CUDA-graph replay with the L2 flushed before each call, timed
     # by events inside the graph (analysis.timing.device_ms). No host, no cache-resident inputs.
     "ms_device": F,
+    # Trials (added with the evidence issue; empty in older rows, which were one trial): ms_median
+    # is the median of n_trials trial medians, each trial with fresh inputs and its own warm-up;
+    # ms_trial_min / ms_trial_max the lowest and highest trial median. wall_s: seconds the row
+    # took (check, compile, trials), to plan the bench's time.
+    "n_trials": I, "ms_trial_min": F, "ms_trial_max": F, "wall_s": F,
 }
 # Provenance, added after the first reference runs (empty in older rows): a hash of the Python
 # sources that ran (machine.source_hash) and the GPU's state at the run's start.
 PROVENANCE = {"source_hash": S, "gpu_sm_clock_max_mhz": F, "gpu_power_limit_w": F,
-              "gpu_temp_c_at_start": F}
+              "gpu_temp_c_at_start": F,
+              # Added with the evidence issue: which GPU of the machine ran the row (a bench
+              # spreads over every GPU), and the hash of the kernel modules a Triton row ran
+              # (machine.kernel_hash; empty for PyTorch's and libraries' rows).
+              "gpu_index": I, "kernel_hash": S}
+# runs.parquet: one row per run, written when it starts and again when it ends (a run that died
+# keeps status "running"): the GPU's state at both ends.
+_STATE = {"sm_clock_mhz": F, "sm_clock_max_mhz": F, "mem_clock_mhz": F, "mem_clock_max_mhz": F,
+          "power_w": F, "power_limit_w": F, "temp_c": F}
+RUNS = {
+    "run_id": S, "started_at": S, "finished_at": S, "status": S, "git_commit": S,
+    "git_clean": pa.bool_(), "source_hash": S, "gpu": S, "gpu_index": I, "sm_count": I,
+    "driver": S, "torch": S, "triton": S, "cuda": S, "hostname": S, "argv": S, "families": S,
+    "rows": I, **{f"{k}_start": t for k, t in _STATE.items()},
+    **{f"{k}_end": t for k, t in _STATE.items()},
+}
 # Shape columns of each family.
 FAMILY_SHAPES = {
     "elementwise": {"n": I, "z_kind": S},
@@ -73,6 +93,10 @@ def limits_schema() -> pa.Schema:
     return pa.schema(list({**LIMITS, **PROVENANCE}.items()))
 
 
+def runs_schema() -> pa.Schema:
+    return pa.schema(list(RUNS.items()))
+
+
 class ParquetSink:
     """Collects rows and rewrites the Parquet file after every row, atomically (tmp + rename), so a
     crash, an OOM or a kill late in a sweep leaves every row measured before it on disk."""
@@ -91,6 +115,11 @@ class ParquetSink:
             raise KeyError(f"columns not in the schema: {sorted(unknown)}")
         self.rows.append(row)
         self.flush()
+
+    def upsert(self, row: dict, key: str = "run_id") -> None:
+        """Append the row, or replace the one with the same `key` (a run's record at its end)."""
+        self.rows = [r for r in self.rows if r.get(key) != row[key]]
+        self.append(row)
 
     def flush(self) -> None:
         table = pa.Table.from_pylist(self.rows, schema=self.schema)

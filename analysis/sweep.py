@@ -12,8 +12,10 @@ error text, the GPU memory is freed, and the sweep goes on.
 from __future__ import annotations
 
 import gc
-import sys
 import math
+import statistics
+import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +25,11 @@ import torch
 
 from ..kernels import poisoned_outputs
 
-from . import schema
+from . import machine, schema
 from .timing import bench, device_ms, peak_mib
+
+# Timed rounds per configuration (each its own warm-up and fresh inputs).
+TRIALS = 3
 
 
 @dataclass
@@ -143,14 +148,20 @@ def _failure_row(base: dict, exc: BaseException) -> dict:
     return dict(base, status=classify(exc), error=last[:2000])
 
 
-def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> dict:
-    base = dict(
+def _base(problem: Problem, variant: Variant) -> dict:
+    return dict(
         family=problem.family, op=problem.op, impl=variant.impl, dtype=dtype_name(problem.dtype),
         precision=problem.precision, sweep=variant.sweep, variant=variant.variant,
-        block=variant.block,
-        num_warps=variant.num_warps, bytes_model=problem.bytes_model, bytes_impl=variant.bytes_impl,
-        flops_model=problem.flops_model, **problem.shape,
+        block=variant.block, num_warps=variant.num_warps, bytes_model=problem.bytes_model,
+        bytes_impl=variant.bytes_impl, flops_model=problem.flops_model, **problem.shape,
     )
+
+
+def check(problem: Problem, variant: Variant, inputs, ref, device) -> dict | float:
+    """Run the variant once with its outputs poisoned and compare with the float64 reference:
+    the error if within the tolerance, else the row that says why not (a failure or
+    `wrong_result`)."""
+    base = _base(problem, variant)
     try:
         with poisoned_outputs():
             out = variant.fn(*inputs)
@@ -164,19 +175,28 @@ def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> 
                 out = variant.graph_fn(*inputs)
             err = max(err, max_rel_err(out, ref))
         del out, ref
-        if not err <= problem.tolerance:
-            return dict(base, status="wrong_result", max_rel_err=err,
-                        error=f"max_rel_err {err:.3g} > tolerance {problem.tolerance:.3g}")
-        timing = bench(lambda: variant.fn(*inputs), device)
-        peak = peak_mib(lambda: variant.fn(*inputs), device)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row
         _release(device)
         return _failure_row(base, exc)
-    ms = timing["ms_median"]
-    row = dict(base, status="ok", max_rel_err=err, peak_mib=peak, **timing)
-    if problem.graph:
-        graph_fn = variant.graph_fn or variant.fn
-        row["ms_device"] = device_ms(lambda: graph_fn(*inputs), device, estimate_ms=ms)
+    if not err <= problem.tolerance:
+        return dict(base, status="wrong_result", max_rel_err=err,
+                    error=f"max_rel_err {err:.3g} > tolerance {problem.tolerance:.3g}")
+    return err
+
+
+def finish_row(problem: Problem, variant: Variant, err: float, trials: list[dict],
+               peak: float | None, ms_dev: float | None, limits: dict) -> dict:
+    """The row of a variant timed in `trials` (each `timing.bench`'s summary and samples): the
+    median of the trial medians, the lowest and highest trial median, the samples' mean, std and
+    minimum, and the rates derived from the median."""
+    medians = [t["ms_median"] for t in trials]
+    samples = [x for t in trials for x in t["times"]]
+    ms = statistics.median(medians)
+    row = dict(_base(problem, variant), status="ok", max_rel_err=err, peak_mib=peak,
+               ms_median=ms, ms_trial_min=min(medians), ms_trial_max=max(medians),
+               n_trials=len(trials), ms_mean=statistics.fmean(samples),
+               ms_std=statistics.stdev(samples) if len(samples) > 1 else 0.0,
+               ms_min=min(samples), n_reps=len(samples), ms_device=ms_dev)
     row["gbps"] = problem.bytes_model / ms / 1e6
     row["tflops"] = problem.flops_model / ms / 1e9
     copy_bw = limits.get(("copy_bw", "ieee"))
@@ -187,12 +207,36 @@ def measure(problem: Problem, variant: Variant, inputs, ref, device, limits) -> 
     return row
 
 
+def measure(problem: Problem, variant: Variant, inputs, ref, device, limits,
+            trials: int = TRIALS) -> dict:
+    """One variant alone: checked, timed in `trials` trials on the same inputs, its row (the
+    runner interleaves the variants of a problem instead, see `run`)."""
+    err = check(problem, variant, inputs, ref, device)
+    if isinstance(err, dict):
+        return err
+    try:
+        timed = [bench(lambda: variant.fn(*inputs), device) for _ in range(trials)]
+        peak = peak_mib(lambda: variant.fn(*inputs), device)
+    except Exception as exc:  # noqa: BLE001
+        _release(device)
+        return _failure_row(_base(problem, variant), exc)
+    ms_dev = None
+    if problem.graph:
+        graph_fn = variant.graph_fn or variant.fn
+        ms_dev = device_ms(lambda: graph_fn(*inputs), device, estimate_ms=timed[0]["ms_median"])
+    return finish_row(problem, variant, err, timed, peak, ms_dev, limits)
+
+
 def limits_lookup(limit_rows: list[dict]) -> dict:
     return {(r["metric"], r["precision"]): r["value"] for r in limit_rows if r["value"]}
 
 
 def run(problems: list[Problem], out_dir: Path, device: torch.device, meta: dict,
-        limit_rows: list[dict], progress: bool = True) -> dict[str, Path]:
+        limit_rows: list[dict], progress: bool = True, trials: int = TRIALS) -> dict[str, Path]:
+    """Every problem in turn: its variants checked against float64, then timed in `trials` rounds,
+    each round on fresh random inputs, every variant once per round (the order rotated), so that
+    a slow drift of the GPU (clocks, temperature) spreads over all of them rather than falling on
+    one. A variant's row is written once its trials are done; failures at once."""
     limits = limits_lookup(limit_rows)
     sinks: dict[str, schema.ParquetSink] = {}
     total = sum(len(p.variants) for p in problems)
@@ -200,39 +244,78 @@ def run(problems: list[Problem], out_dir: Path, device: torch.device, meta: dict
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="cfg", dynamic_ncols=True, mininterval=2 if sys.stderr.isatty() else 20)
+        bar = tqdm(total=total, unit="cfg", dynamic_ncols=True,
+                   mininterval=2 if sys.stderr.isatty() else 20)
     for problem in problems:
         sink = sinks.get(problem.family)
         if sink is None:
             sink = sinks[problem.family] = schema.ParquetSink(
                 Path(out_dir) / f"{problem.family}.parquet", schema.family_schema(problem.family))
-        try:
-            inputs = problem.make_inputs(device)
-            ref = problem.reference(*to_float64(inputs))
-        except Exception as exc:  # noqa: BLE001 - e.g. the inputs alone do not fit
-            inputs = ref = None
-            _release(device)
-            setup_error = exc
-        else:
-            setup_error = None
-        for variant in problem.variants:
-            if bar is not None:
-                bar.set_description(f"{problem.op} {variant.impl} {problem.shape}"[:60])
-            if setup_error is not None:
-                row = _failure_row(dict(family=problem.family, op=problem.op, impl=variant.impl,
-                                        dtype=dtype_name(problem.dtype),
-                                        precision=problem.precision, sweep=variant.sweep,
-                                        variant=variant.variant,
-                                        block=variant.block,
-                                        num_warps=variant.num_warps, **problem.shape),
-                                   setup_error)
-            else:
-                row = measure(problem, variant, inputs, ref, device, limits)
+        if bar is not None:
+            bar.set_description(f"{problem.op} {problem.shape}"[:60])
+        hashes = {}
+        for row in _run_problem(problem, device, limits, trials):
+            if row["impl"].startswith("triton"):
+                if problem.family not in hashes:
+                    hashes[problem.family] = machine.kernel_hash(problem.family)
+                row["kernel_hash"] = hashes[problem.family]
             sink.append(dict(meta, **row))
             if bar is not None:
                 bar.update()
-        del inputs, ref
         _release(device)
     if bar is not None:
         bar.close()
     return {family: sink.path for family, sink in sinks.items()}
+
+
+def _run_problem(problem: Problem, device, limits: dict, trials: int):
+    """Yields the rows of one problem: failures as they happen, the timed rows after the last
+    trial."""
+    try:
+        inputs = problem.make_inputs(device)
+        ref = problem.reference(*to_float64(inputs))
+    except Exception as exc:  # noqa: BLE001 - e.g. the inputs alone do not fit
+        _release(device)
+        for variant in problem.variants:
+            yield dict(_failure_row(_base(problem, variant), exc), wall_s=0.0)
+        return
+    state = {}  # variant index -> dict(err, trials, peak, ms_device, wall_s)
+    for i, variant in enumerate(problem.variants):
+        t0 = time.perf_counter()
+        err = check(problem, variant, inputs, ref, device)
+        if isinstance(err, dict):
+            yield dict(err, wall_s=time.perf_counter() - t0)
+            continue
+        state[i] = dict(err=err, trials=[], peak=None, ms_device=None,
+                        wall_s=time.perf_counter() - t0)
+    del ref
+    for trial in range(trials):
+        if trial:  # fresh inputs: no trial times a cache that the one before warmed
+            del inputs
+            _release(device)
+            inputs = problem.make_inputs(device)
+        order = list(state)
+        order = order[trial % len(order):] + order[:trial % len(order)] if order else order
+        for i in order:
+            variant, st = problem.variants[i], state[i]
+            t0 = time.perf_counter()
+            try:
+                st["trials"].append(bench(lambda: variant.fn(*inputs), device))
+                if trial == 0:
+                    st["peak"] = peak_mib(lambda: variant.fn(*inputs), device)
+                    if problem.graph:
+                        graph_fn = variant.graph_fn or variant.fn
+                        st["ms_device"] = device_ms(lambda: graph_fn(*inputs), device,
+                                                    estimate_ms=st["trials"][0]["ms_median"])
+            except Exception as exc:  # noqa: BLE001
+                _release(device)
+                del state[i]
+                yield dict(_failure_row(_base(problem, variant), exc),
+                           wall_s=st["wall_s"] + time.perf_counter() - t0)
+                continue
+            st["wall_s"] += time.perf_counter() - t0
+    del inputs
+    for i, st in state.items():
+        row = finish_row(problem, problem.variants[i], st["err"], st["trials"], st["peak"],
+                         st["ms_device"], limits)
+        yield dict(row, wall_s=st["wall_s"])

@@ -1,10 +1,11 @@
 """Timing and peak memory, the way every number in the data is obtained.
 
 On CUDA: `triton.testing.do_bench` (warm-up first, L2 flushed before every repetition, device
-events around each call), keeping all samples to report median, mean, std and min.
+events around each call), keeping all samples (`times`) with their median, mean, std and min;
+the sweep calls it once per trial.
 `device_ms` takes the host out: the calls replayed from a CUDA graph, L2 flushed before each,
-each timed by events inside the graph. On the CPU (the interpreter smoke run) a few wall-clock
-repetitions: pipeline checks, not numbers.
+each timed by events inside the graph. On the CPU (the interpreter smoke run) one wall-clock
+call per trial: pipeline checks, not numbers.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 import torch
 
 WARMUP_MS = 25
-REP_MS = 100
+REP_MS = 40  # per trial; the sweep times each configuration in sweep.TRIALS trials
 FLUSH_BYTES = 256 * 2**20  # what do_bench writes to flush the L2 (50 MB on an H100)
 DEVICE_REPS = (10, 200)  # calls per graph: at least, at most
 DEVICE_GRAPH_MS = 40  # aim for about this much GPU work per graph replay
@@ -22,6 +23,7 @@ DEVICE_GRAPH_MS = 40  # aim for about this much GPU work per graph replay
 
 def summarize(times_ms: list[float]) -> dict:
     return dict(
+        times=list(times_ms),
         ms_median=statistics.median(times_ms),
         ms_mean=statistics.fmean(times_ms),
         ms_std=statistics.stdev(times_ms) if len(times_ms) > 1 else 0.0,
@@ -35,13 +37,10 @@ def bench(fn, device: torch.device, warmup_ms: float = WARMUP_MS, rep_ms: float 
         from triton.testing import do_bench
 
         times = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-    else:
+    else:  # the interpreter: one wall-clock call (the pipeline's check, not a number)
+        t0 = time.perf_counter()
         fn()
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        times = [(time.perf_counter() - t0) * 1e3]
     return summarize(times)
 
 

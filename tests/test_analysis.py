@@ -33,25 +33,66 @@ def test_traffic_table_totals():
 
 
 def test_sink_keeps_rows_when_a_sweep_dies(tmp_path, device):
-    """Rows are on disk as they are measured: a crash after the second row loses nothing before."""
+    """Rows are on disk as they are measured: a crash in the second problem loses nothing of the
+    first (a problem's timed rows are written after its last trial, its failures at once)."""
     def fine(x):
         return x * 2
 
     def boom(x):
         raise KeyboardInterrupt  # not an Exception: the runner must not swallow it
 
-    problem = Problem(
-        family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
-        shape=dict(n=8, z_kind="scalar"), make_inputs=lambda d: (torch.randn(8, device=d),),
-        reference=lambda x: x * 2, bytes_model=64, flops_model=8, tolerance=1e-6,
-        variants=[Variant("torch_eager", fine), Variant("triton_fused", boom),
-                  Variant("torch_compile", fine)])
+    def problem(n, variants):
+        return Problem(
+            family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
+            shape=dict(n=n, z_kind="scalar"), make_inputs=lambda d: (torch.randn(n, device=d),),
+            reference=lambda x: x * 2, bytes_model=64, flops_model=8, tolerance=1e-6,
+            variants=variants)
+    problems = [problem(8, [Variant("torch_eager", fine), Variant("torch_compile", fine)]),
+                problem(16, [Variant("torch_eager", fine), Variant("triton_fused", boom)])]
     meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
                 triton="y", cuda="z")
     with pytest.raises(KeyboardInterrupt):
-        run([problem], tmp_path, device, meta, [], progress=False)
+        run(problems, tmp_path, device, meta, [], progress=False)
     rows = pd.read_parquet(tmp_path / "elementwise.parquet")
-    assert len(rows) == 1 and rows["status"].tolist() == ["ok"]
+    assert rows["n"].tolist() == [8, 8] and (rows["status"] == "ok").all()
+
+
+def test_trials_are_interleaved_on_fresh_inputs(tmp_path, device):
+    """Every variant is timed once per trial, the variants taking turns, each trial on inputs made
+    afresh; the row keeps the median of the trial medians and the lowest and highest."""
+    calls, made = [], []
+
+    def make(d):
+        made.append(1)
+        return (torch.randn(8, device=d),)
+
+    def traced(name):
+        def fn(x):
+            calls.append((name, len(made)))
+            return x * 2
+        return fn
+
+    problem = Problem(
+        family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
+        shape=dict(n=8, z_kind="scalar"), make_inputs=make, reference=lambda x: x * 2,
+        bytes_model=64, flops_model=8, tolerance=1e-6, graph=False,
+        variants=[Variant("torch_eager", traced("a")), Variant("triton_fused", traced("b"))])
+    meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
+                triton="y", cuda="z")
+    run([problem], tmp_path, device, meta, [], progress=False, trials=3)
+    assert len(made) == 3
+    # The checks, then per trial both variants on that trial's inputs (order rotated).
+    timed = [c for c in calls[2:] if device.type == "cpu"] or calls[2:]
+    rounds = [sorted({name for name, m in timed if m == k}) for k in (1, 2, 3)]
+    assert rounds == [["a", "b"]] * 3
+    firsts = [next(name for name, m in timed if m == k) for k in (1, 2, 3)]
+    assert firsts[:2] == ["a", "b"]
+    rows = pd.read_parquet(tmp_path / "elementwise.parquet")
+    assert (rows["n_trials"] == 3).all() and (rows["wall_s"] > 0).all()
+    assert (rows["ms_trial_min"] <= rows["ms_median"]).all()
+    assert (rows["ms_median"] <= rows["ms_trial_max"]).all()
+    assert rows.set_index("impl").loc["triton_fused", "kernel_hash"]
+    assert pd.isna(rows.set_index("impl").loc["torch_eager", "kernel_hash"])
 
 
 def test_failures_become_rows(tmp_path, device):
@@ -94,6 +135,11 @@ def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
     assert set(df["sweep"]) == {"size", "block"}
     assert pq.read_table(out / "limits.parquet").num_rows >= 1
     assert "triton_fused" in capsys.readouterr().out  # the summary table
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert len(runs) == 1 and runs["status"].iloc[0] == "finished"
+    assert runs["rows"].iloc[0] == len(df) and runs["run_id"].iloc[0] == df["run_id"].iloc[0]
+    assert runs["finished_at"].iloc[0] >= runs["started_at"].iloc[0]
+    assert runs["families"].iloc[0] == "elementwise" and "--grid smoke" in runs["argv"].iloc[0]
 
 
 def test_half_precision_rows_get_the_matmul_peak(device):
@@ -279,16 +325,14 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
 
 
 def test_provenance(tmp_path, monkeypatch):
-    """A run records the full commit (a typed short one is refused), and a hash of the sources
-    that changes with them; a copy outside a git checkout records no borrowed commit."""
+    """A run records the full commit as git says it (no label typed by hand), and a hash of the
+    sources that changes with them; a copy outside a git checkout records no borrowed commit."""
     from triton_fusion_report.analysis import machine
 
-    monkeypatch.setenv("GIT_COMMIT", "abc123")
-    with pytest.raises(ValueError, match="40-character"):
-        machine.git_commit()
-    monkeypatch.setenv("GIT_COMMIT", "a" * 40 + "-dirty")
-    assert machine.git_commit() == "a" * 40 + "-dirty"
-    monkeypatch.delenv("GIT_COMMIT")
+    commit = machine.git_commit()
+    assert commit == "unknown" or len(commit.removesuffix("-dirty")) == 40
+    monkeypatch.setenv("GIT_COMMIT", "a" * 40)  # no longer a way to type a label
+    assert machine.git_commit() == commit
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "k.py").write_text("x = 1\n")
     monkeypatch.setattr(machine, "ROOT", tmp_path)
@@ -299,4 +343,25 @@ def test_provenance(tmp_path, monkeypatch):
     assert machine.source_hash() != before
     meta = machine.run_metadata(torch.device("cpu"))
     assert meta["source_hash"] == machine.source_hash()
-    assert set(schema.PROVENANCE) <= set(meta)
+    assert set(schema.PROVENANCE) - {"kernel_hash"} <= set(meta)  # kernel_hash: per row
+
+
+def test_kernel_hash_follows_the_family_imports(tmp_path, monkeypatch):
+    """A family's kernel hash changes with the modules its kernels import, not with another
+    family's."""
+    from triton_fusion_report.analysis import machine
+
+    k = tmp_path / "kernels"
+    k.mkdir()
+    for name, text in {"__init__": "from . import ops\n", "ops": "", "_common": "x = 1\n",
+                       "helper": "y = 1\n",
+                       "elementwise": "from ._common import x\nfrom .helper import y\n",
+                       "row_softmax": "", "row_softmax_backward": ""}.items():
+        (k / f"{name}.py").write_text(text)
+    monkeypatch.setattr(machine, "ROOT", tmp_path)
+    before = {f: machine.kernel_hash(f) for f in ("elementwise", "softmax")}
+    (k / "helper.py").write_text("y = 2\n")
+    assert machine.kernel_hash("elementwise") != before["elementwise"]
+    assert machine.kernel_hash("softmax") == before["softmax"]
+    (k / "row_softmax.py").write_text("z = 0\n")
+    assert machine.kernel_hash("softmax") != before["softmax"]

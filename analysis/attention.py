@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from ..kernels import flash_attention as attn
 from ..kernels import softmax_v as smm
 
-from . import traffic
-from .sweep import Compiled, Problem, Variant, tf32
+from . import peers, traffic
+from .sweep import Problem, Variant, compiled_variants, tf32
 
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
@@ -58,8 +58,8 @@ def softmax_matmul_problems(grid: str = "full") -> list[Problem]:
                                                                    BLOCK_2=b, **kw),
                                  block=b, sweep="block", variant="seed BLOCK_1 = BLOCK_2",
                                  bytes_impl=nbytes("triton_fused")) for b in g["blocks"]]
-        variants.append(Variant("torch_compile", tf32(Compiled(smm.reference), use_tf32),
-                                bytes_impl=nbytes("torch_compile")))
+        variants += compiled_variants(smm.reference, nbytes("torch_compile"),
+                                      wrap=lambda f: tf32(f, use_tf32))
         out.append(Problem(
             family="softmax_matmul", op="softmax_matmul", dtype=dtype, precision=precision,
             shape=dict(batch=batch, d1=d1, d2=d2, d3=d3),
@@ -74,8 +74,9 @@ def softmax_matmul_problems(grid: str = "full") -> list[Problem]:
 
 TOKENS, MODEL_DIM = 16384, 2048  # batch * seq and heads * head_dim, fixed across the sweep
 ATTN_GRIDS = {
+    # odd_seqs: lengths no block divides (the last tile masked), at head_dim 64 and 128.
     "full": dict(seqs=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
-                 dtype=torch.float16, unfused_max_seq=4096),
+                 odd_seqs=[1000, 3001], dtype=torch.float16, unfused_max_seq=4096),
     "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, unfused_max_seq=64,
                   tokens=74, model_dim=32),
 }
@@ -97,6 +98,21 @@ def reference64(q, k, v, causal: bool):
             s = s.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
         out[:, :, i:i + step] = torch.softmax(s, -1) @ v
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_mask(n: int, device) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def naive_attention(q, k, v, causal: bool = False):
+    """Attention as a PyTorch user writes it (nanoGPT's, say): scores, scale, mask (a buffer made
+    once), softmax and the product, each an eager kernel in the input dtype (PyTorch's softmax
+    accumulates in float32 and writes the input dtype)."""
+    s = (q @ k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
+    if causal:
+        s = s.masked_fill(~_causal_mask(s.shape[-1], q.device), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
 
 
 def _sdpa(backend: str, causal: bool):
@@ -122,44 +138,45 @@ def attention_problems(grid: str = "full") -> list[Problem]:
     dtype = g["dtype"]
     s = torch.empty((), dtype=dtype).element_size()
     out = []
-    for head_dim in g["head_dims"]:
-        for seq in g["seqs"]:
-            batch, heads = max(1, tokens // seq), model_dim // head_dim
-            for causal in (False, True):
-                def nbytes(impl, seq=seq, batch=batch, heads=heads, head_dim=head_dim):
-                    score = 4 if impl == "torch_eager" else s
-                    return traffic.total(traffic.attention_kernels(batch, heads, seq, head_dim, s,
-                                                                   impl, score))
-                naive = functools.partial(attn.reference, causal=causal)
-                variants = [Variant("torch_eager", naive, bytes_impl=nbytes("torch_eager"))]
-                variants += [Variant(name, _sdpa(backend, causal), bytes_impl=nbytes(name))
-                             for name, backend in SDPA_BACKENDS.items()]
-                if seq <= g["unfused_max_seq"]:
-                    variants.append(Variant("triton_unfused",
-                                            functools.partial(attn.triton_unfused, causal=causal),
-                                            bytes_impl=nbytes("triton_unfused")))
-                variants.append(Variant("triton_fused",
-                                        functools.partial(attn.triton_fused, causal=causal),
-                                        variant="autotuned", bytes_impl=nbytes("triton_fused")))
-                variants.append(Variant("torch_compile", Compiled(naive),
-                                        bytes_impl=nbytes("torch_compile")))
-                out.append(Problem(
-                    family="attention", op="attention_fwd", dtype=dtype,
-                    precision=str(dtype).replace("torch.", ""),
-                    shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal,
-                               kv_heads=heads, seq_k=seq),
-                    make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim), dtype),
-                    reference=functools.partial(reference64, causal=causal),
-                    bytes_model=nbytes("triton_fused"),
-                    flops_model=traffic.attention_flops(batch, heads, seq, head_dim, causal),
-                    tolerance=TOLERANCE[str(dtype).replace("torch.", "")], variants=variants))
+    cases = [(d, n) for d in g["head_dims"] for n in g["seqs"]]
+    cases += [(d, n) for d in (64, 128) if d in g["head_dims"] for n in g.get("odd_seqs", [])]
+    for head_dim, seq in cases:
+        batch, heads = max(1, tokens // seq), model_dim // head_dim
+        for causal in (False, True):
+            def nbytes(impl, seq=seq, batch=batch, heads=heads, head_dim=head_dim):
+                return traffic.total(traffic.attention_kernels(batch, heads, seq, head_dim, s,
+                                                               impl))
+            naive = functools.partial(naive_attention, causal=causal)
+            variants = [Variant("torch_eager", naive, bytes_impl=nbytes("torch_eager"))]
+            variants += [Variant(name, _sdpa(backend, causal), bytes_impl=nbytes(name))
+                         for name, backend in SDPA_BACKENDS.items()]
+            if seq <= g["unfused_max_seq"]:
+                variants.append(Variant("triton_unfused",
+                                        functools.partial(attn.triton_unfused, causal=causal),
+                                        bytes_impl=nbytes("triton_unfused")))
+            variants.append(Variant("triton_fused",
+                                    functools.partial(attn.triton_fused, causal=causal),
+                                    variant="autotuned", bytes_impl=nbytes("triton_fused")))
+            variants += compiled_variants(naive, nbytes("torch_compile"))
+            variants += peers.attention_variants(causal, nbytes("triton_fused"))
+            out.append(Problem(
+                family="attention", op="attention_fwd", dtype=dtype,
+                precision=str(dtype).replace("torch.", ""),
+                shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim, causal=causal,
+                           kv_heads=heads, seq_k=seq),
+                make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim), dtype),
+                reference=functools.partial(reference64, causal=causal),
+                bytes_model=nbytes("triton_fused"),
+                flops_model=traffic.attention_flops(batch, heads, seq, head_dim, causal),
+                tolerance=TOLERANCE[str(dtype).replace("torch.", "")], variants=variants))
     return out
 
 
 # --- attention forward + backward ------------------------------------------------------------
 
 BWD_GRIDS = {
-    "full": dict(seqs=[1024, 4096, 16384], head_dims=[64, 128], dtype=torch.float16),
+    "full": dict(seqs=[1024, 4096, 16384], head_dims=[64, 128], odd_seqs=[3001],
+                 dtype=torch.float16),
     "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, tokens=74, model_dim=32),
 }
 
@@ -207,31 +224,31 @@ def attention_fwd_bwd_problems(grid: str = "full") -> list[Problem]:
     dtype = g["dtype"]
     s = torch.empty((), dtype=dtype).element_size()
     out = []
-    for head_dim in g["head_dims"]:
-        for seq in g["seqs"]:
-            batch, heads = max(1, tokens // seq), model_dim // head_dim
-            nbytes = traffic.total(traffic.attention_fwd_bwd_kernels(batch, heads, seq, head_dim,
-                                                                     s))
-            for causal in (False, True):
-                ours = _fwd_bwd(functools.partial(attn_op, causal=causal))
-                variants = [Variant(name, _fwd_bwd(_sdpa(backend, causal)), bytes_impl=nbytes)
-                            for name, backend in SDPA_BACKENDS.items()]
-                variants.append(Variant("triton_fused", ours, variant="fa2 backward",
-                                        bytes_impl=nbytes))
-                out.append(Problem(
-                    family="attention", op="attention_fwd_bwd", dtype=dtype,
-                    precision=str(dtype).replace("torch.", ""),
-                    shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim,
-                               causal=causal, kv_heads=heads, seq_k=seq),
-                    make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim),
-                                                  dtype, n=4),
-                    reference=functools.partial(reference64_grads, causal=causal),
-                    bytes_model=nbytes,
-                    flops_model=traffic.attention_fwd_bwd_flops(batch, heads, seq, head_dim,
-                                                                causal),
-                    # The backward rounds p and ds to the input dtype (as FlashAttention does).
-                    tolerance=2 * TOLERANCE[str(dtype).replace("torch.", "")],
-                    variants=variants, graph=False))
+    cases = [(d, n) for d in g["head_dims"] for n in g["seqs"] + g.get("odd_seqs", [])]
+    for head_dim, seq in cases:
+        batch, heads = max(1, tokens // seq), model_dim // head_dim
+        nbytes = traffic.total(traffic.attention_fwd_bwd_kernels(batch, heads, seq, head_dim,
+                                                                 s))
+        for causal in (False, True):
+            ours = _fwd_bwd(functools.partial(attn_op, causal=causal))
+            variants = [Variant(name, _fwd_bwd(_sdpa(backend, causal)), bytes_impl=nbytes)
+                        for name, backend in SDPA_BACKENDS.items()]
+            variants.append(Variant("triton_fused", ours, variant="fa2 backward",
+                                    bytes_impl=nbytes))
+            out.append(Problem(
+                family="attention", op="attention_fwd_bwd", dtype=dtype,
+                precision=str(dtype).replace("torch.", ""),
+                shape=dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim,
+                           causal=causal, kv_heads=heads, seq_k=seq),
+                make_inputs=functools.partial(_attn_inputs, (batch, heads, seq, head_dim),
+                                              dtype, n=4),
+                reference=functools.partial(reference64_grads, causal=causal),
+                bytes_model=nbytes,
+                flops_model=traffic.attention_fwd_bwd_flops(batch, heads, seq, head_dim,
+                                                            causal),
+                # The backward rounds p and ds to the input dtype (as FlashAttention does).
+                tolerance=2 * TOLERANCE[str(dtype).replace("torch.", "")],
+                variants=variants, graph=False))
     return out
 
 
@@ -246,7 +263,7 @@ def attn_op(q, k, v, causal):
 DECODE_GRIDS = {
     # (batch, heads, kv_heads): batch 1 and 8, every head its own k/v or 4 query heads per k/v
     "full": dict(heads=[(1, 32, 32), (8, 32, 32), (1, 32, 8), (8, 32, 8)],
-                 seq_k=[4096, 8192, 16384, 32768], head_dim=128, dtype=torch.float16),
+                 seq_k=[4096, 8192, 16384, 32768, 5000], head_dim=128, dtype=torch.float16),
     "smoke": dict(heads=[(1, 4, 2)], seq_k=[300], head_dim=32, dtype=torch.float16),
 }
 

@@ -9,7 +9,7 @@ import torch
 from ..kernels import elementwise as ew
 
 from . import traffic
-from .sweep import Compiled, Problem, Variant
+from .sweep import Problem, Variant, compiled_variants
 
 FAMILY = "elementwise"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -17,7 +17,8 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 GRIDS = {
     # sizes with default launch settings, per dtype; block sweep sizes; blocks
     "full": dict(
-        sizes={torch.float32: [2**k for k in range(12, 29)],
+        # 10**8: a size that is no power of two (a tail in every program's last block).
+        sizes={torch.float32: [2**k for k in range(12, 29)] + [10**8],
                torch.float16: [2**20, 2**24, 2**27], torch.bfloat16: [2**20, 2**24, 2**27]},
         block_sizes=[2**20, 2**24, 2**27],
         blocks=[128, 256, 512, 1024, 2048, 4096],
@@ -50,8 +51,8 @@ def _variants(n, itemsize, z_kind, blocks, sweep):
                                block=block, num_warps=warps, sweep=sweep,
                                bytes_impl=traffic.add_mul_bytes(n, itemsize, z_kind, impl)))
     if sweep == "size":
-        out.append(Variant("torch_compile", Compiled(ew.reference),
-                           bytes_impl=traffic.add_mul_bytes(n, itemsize, z_kind, "torch_compile")))
+        out += compiled_variants(ew.reference,
+                                 traffic.add_mul_bytes(n, itemsize, z_kind, "torch_compile"))
     return out
 
 
@@ -69,7 +70,7 @@ def problems(grid: str = "full") -> list[Problem]:
                 variants = [v for sweep, blocks in sweeps
                             for v in _variants(n, itemsize, z_kind, blocks, sweep)]
                 # torch.compile last, so no compilation work overlaps the others' timing.
-                variants.sort(key=lambda v: v.impl == "torch_compile")
+                variants.sort(key=lambda v: v.impl.startswith("torch_compile"))
                 out.append(Problem(
                     family=FAMILY, op="add_mul", dtype=dtype, precision=precision,
                     shape=dict(n=n, z_kind=z_kind),

@@ -18,7 +18,33 @@ STYLE = {
     "sdpa_cudnn": dict(color="#9467bd", marker="P", ls="-"),
     "sdpa_efficient": dict(color="#8c564b", marker="x", ls="-"),
     "cublas": dict(color="#17becf", marker="*", ls=":"),
+    "torch_compile_max": dict(color="#1f77b4", marker="s", ls=":", mfc="white"),
+    "cublaslt": dict(color="#17becf", marker="X", ls="-"),
+    "liger": dict(color="#bcbd22", marker="h", ls="-"),
+    "flag_gems": dict(color="#e377c2", marker="p", ls="-"),
 }
+
+
+def spread(d: pd.DataFrame, y: str):
+    """(low, high) of `y` over the trials (the lowest and highest trial median), for a time
+    (ms_median) or a rate computed from it; None where the rows have no trials or y is neither."""
+    if "ms_trial_min" not in d or not d["ms_trial_min"].notna().any():
+        return None
+    if y == "ms_median":
+        return d["ms_trial_min"], d["ms_trial_max"]
+    if y in ("gbps", "tflops", "pct_copy_bw", "pct_matmul_peak"):
+        return d[y] * d["ms_median"] / d["ms_trial_max"], d[y] * d["ms_median"] / d["ms_trial_min"]
+    return None
+
+
+def _plot_with_spread(ax, d, x, y, scale=1.0, **kw):
+    """A line of `y` against `x`, with the trials' spread as a band of the line's color."""
+    (line,) = ax.plot(d[x], d[y] / scale, **kw)
+    band = spread(d, y)
+    if band is not None:
+        ax.fill_between(d[x], band[0] / scale, band[1] / scale, color=line.get_color(),
+                        alpha=0.2, lw=0)
+    return line
 
 
 NO_DATA = ("No timed rows for this figure in this results folder\n"
@@ -60,8 +86,13 @@ def _log2_axis(ax):
 @_or_no_data
 def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str, ylabel: str,
                   logy: bool = True, hline: float | None = None, hline_label: str | None = None,
-                  panel_title=lambda v: str(v)) -> plt.Figure:
-    """One panel per value of `panels`, one line per implementation."""
+                  panel_title=lambda v: str(v), hlines: dict | None = None) -> plt.Figure:
+    """One panel per value of `panels`, one line per implementation, the trials' spread as a band
+    around each line where the rows have it; `hline` (or several, `hlines`: label -> value) a
+    ceiling, dotted."""
+    ceilings = dict(hlines or {})
+    if hline is not None:
+        ceilings[hline_label] = hline
     values = list(dict.fromkeys(df[panels]))
     fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 3.8), squeeze=False,
                              sharey=True)
@@ -69,10 +100,11 @@ def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str,
         sub = df[df[panels] == value]
         for impl in _impls(sub):
             d = sub[sub["impl"] == impl].sort_values(x)
-            ax.plot(d[x], d[y], label=IMPL_LABEL.get(impl, impl), ms=4,
-                    **STYLE.get(impl, dict(marker=".")))
-        if hline is not None:
-            ax.axhline(hline, color="black", lw=1, ls=":", label=hline_label)
+            _plot_with_spread(ax, d, x, y, label=IMPL_LABEL.get(impl, impl), ms=4,
+                              **STYLE.get(impl, dict(marker=".")))
+        for k, (label, value) in enumerate(ceilings.items()):
+            if value == value:  # NaN: a ceiling this run did not measure
+                ax.axhline(value, color="black", lw=1, ls=[":", "--", "-."][k % 3], label=label)
         _log2_axis(ax)
         if logy:
             ax.set_yscale("log")
@@ -160,8 +192,8 @@ def attention_tflops(rows: pd.DataFrame, peak: float, y: str = "tflops") -> plt.
             sub = rows[(rows["head_dim"] == hd) & (rows["causal"] == causal)]
             for impl in _impls(sub):
                 g = sub[sub["impl"] == impl].sort_values("seq")
-                ax.plot(g["seq"], g[y], ms=3, label=IMPL_LABEL.get(impl, impl),
-                        **STYLE.get(impl, {}))
+                _plot_with_spread(ax, g, "seq", y, ms=3, label=IMPL_LABEL.get(impl, impl),
+                                  **STYLE.get(impl, {}))
             ax.axhline(peak, color="black", lw=1, ls=":", label="fp16 matmul peak")
             _log2_axis(ax)
             ax.set_title(f"head_dim {hd}, {'causal' if causal else 'non-causal'}")

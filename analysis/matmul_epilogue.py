@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels import linear_activation as la
 from ..kernels import softmax_regression as sr
 
 from . import traffic
-from .sweep import Compiled, Problem, Variant, tf32
+from .sweep import Problem, Variant, compiled_variants, tf32
 
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
@@ -21,14 +22,16 @@ MS_GRIDS = {
         torch.float16: SEED_SHAPES + [
             (65536, 128, 10), (65536, 512, 50), (65536, 1024, 100),  # the seed's, batch scaled up
             (65536, 512, 256), (8192, 4096, 1024), (16384, 4096, 4096),
-            (16384, 1024, 32000), (4096, 1024, 128256)],
+            (16384, 1024, 32000), (4096, 1024, 128256),
+            (4096, 768, 50257)],  # GPT-2's head: no dimension a power of two
     },
     "smoke": {torch.float32: [(33, 70, 50)], torch.float16: [(40, 64, 300)]},
 }
 LA_GRIDS = {
     "full": [(torch.float16, 8192, 8192, 8192, "gelu"), (torch.float16, 8192, 8192, 8192, "relu"),
              (torch.float16, 4096, 4096, 4096, "gelu"), (torch.bfloat16, 8192, 8192, 8192, "gelu"),
-             (torch.float32, 4096, 4096, 4096, "gelu")],
+             (torch.float32, 4096, 4096, 4096, "gelu"),
+             (torch.float16, 4096, 5120, 13824, "gelu")],  # a 13B model's MLP: odd N
     "smoke": [(torch.float16, 64, 48, 80, "gelu"), (torch.float32, 33, 40, 20, "relu")],
 }
 
@@ -56,6 +59,25 @@ def _logits(x, w, b):
     return torch.addmm(b, x, w)
 
 
+def eager_matmul_softmax(x, w, b):
+    """softmax(x @ W + b) as a user writes it in PyTorch: the bias added in cuBLAS's epilogue
+    (torch.addmm, what F.linear runs), then the softmax."""
+    return torch.softmax(torch.addmm(b, x, w), -1)
+
+
+def eager_linear_act(x, w, b, activation):
+    """act(x @ W + b) as a user writes it: torch.addmm (bias in cuBLAS's epilogue), then the
+    activation."""
+    h = torch.addmm(b, x, w)
+    return torch.relu(h) if activation == "relu" else F.gelu(h)
+
+
+def cublaslt_linear_act(x, w, b, activation):
+    """torch._addmm_activation: bias and activation in cuBLASLt's epilogue, one kernel. Its GELU
+    is the tanh approximation (checked against a float64 tanh-GELU)."""
+    return torch._addmm_activation(b, x, w, use_gelu=activation == "gelu")
+
+
 def matmul_softmax_problems(grid: str = "full") -> list[Problem]:
     out = []
     for dtype, shapes in MS_GRIDS[grid].items():
@@ -75,7 +97,7 @@ def _ms_problem(B, K, C, dtype, s, precision):
         return traffic.total(traffic.matmul_softmax_kernels(B, K, C, s, impl, method))
     plan = sr.matmul_softmax_plan(B, K, C, dtype, **kw)
     variants = [
-        Variant("torch_eager", tf32(sr.matmul_softmax_reference, use_tf32),
+        Variant("torch_eager", tf32(eager_matmul_softmax, use_tf32),
                 bytes_impl=nbytes("torch_eager")),
         Variant("cublas", tf32(_logits, use_tf32), variant="x @ W + b alone",
                 reference=_logits, bytes_impl=nbytes("cublas")),
@@ -95,8 +117,8 @@ def _ms_problem(B, K, C, dtype, s, precision):
                                 functools.partial(sr.matmul_softmax_fused, method=method, **kw),
                                 sweep="method", variant=method,
                                 bytes_impl=nbytes("triton_fused", method)))
-    variants.append(Variant("torch_compile", tf32(Compiled(sr.matmul_softmax_reference), use_tf32),
-                            bytes_impl=nbytes("torch_compile")))
+    variants += compiled_variants(sr.matmul_softmax_reference, nbytes("torch_compile"),
+                                  wrap=lambda f: tf32(f, use_tf32))
     return Problem(
         family="matmul_softmax", op="matmul_softmax", dtype=dtype, precision=precision,
         shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_inputs, B, K, C, dtype),
@@ -120,17 +142,23 @@ def linear_act_problems(grid: str = "full") -> list[Problem]:
 
         def nbytes(impl, M=M, K=K, N=N, s=s):
             return traffic.total(traffic.linear_act_kernels(M, K, N, s, impl))
+        lt_ref = functools.partial(la.linear_act_reference,
+                                   activation="gelu_tanh" if act == "gelu" else act)
         variants = [
-            Variant("torch_eager", tf32(ref, use_tf32), bytes_impl=nbytes("torch_eager")),
+            Variant("torch_eager", tf32(functools.partial(eager_linear_act, activation=act),
+                                        use_tf32), bytes_impl=nbytes("torch_eager")),
             Variant("cublas", tf32(_plain_matmul, use_tf32), variant="x @ W alone",
                     reference=_plain_matmul, bytes_impl=nbytes("cublas")),
+            Variant("cublaslt", tf32(functools.partial(cublaslt_linear_act, activation=act),
+                                     use_tf32),
+                    variant="torch._addmm_activation" + (" (tanh GELU)" if act == "gelu" else ""),
+                    reference=lt_ref, bytes_impl=nbytes("triton_fused")),
             Variant("triton_unfused",
                     functools.partial(la.linear_act_unfused, activation=act, **kw),
                     bytes_impl=nbytes("triton_unfused")),
             Variant("triton_fused", functools.partial(la.linear_act_fused, activation=act, **kw),
                     bytes_impl=nbytes("triton_fused")),
-            Variant("torch_compile", tf32(Compiled(ref), use_tf32),
-                    bytes_impl=nbytes("torch_compile")),
+            *compiled_variants(ref, nbytes("torch_compile"), wrap=lambda f: tf32(f, use_tf32)),
         ]
         out.append(Problem(
             family="linear_act", op=f"linear_{act}", dtype=dtype, precision=precision,

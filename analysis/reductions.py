@@ -10,23 +10,27 @@ import torch.nn.functional as F
 from ..kernels import layernorm as ln, layernorm_backward as lnb
 from ..kernels import row_softmax as sm, row_softmax_backward as smb
 
-from . import traffic
-from .sweep import Compiled, Problem, Variant
+from . import peers, traffic
+from .sweep import MAX_AUTOTUNE, Compiled, Problem, Variant, compiled_variants
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 GRIDS = {
     "full": dict(
-        softmax={torch.float32: [(4096, 2**k) for k in range(10, 19)],
-                 torch.float16: [(4096, 4096), (4096, 65536)],
-                 torch.bfloat16: [(4096, 4096), (4096, 65536)]},
+        # Besides powers of two: a 5120 hidden size, GPT-2's 50257-wide vocabulary, and few rows
+        # (8 or 16: decoding's logits), where a row is split across programs.
+        softmax={torch.float32: [(4096, 2**k) for k in range(10, 19)]
+                 + [(4096, 5120), (4096, 50257), (8, 50257), (8, 262144)],
+                 torch.float16: [(4096, 4096), (4096, 65536), (4096, 50257), (16, 50257)],
+                 torch.bfloat16: [(4096, 4096), (4096, 65536), (4096, 50257)]},
         # (rows, width) where the block / warps / path sweep runs (fp32)
         softmax_sweep=[(4096, 4096), (4096, 65536), (4096, 262144)],
         warps=[1, 2, 4, 8, 16, 32],
         tiles=[1024, 2048, 4096, 8192, 16384, 32768],
-        layernorm={torch.float16: [(4096, w) for w in (1024, 2048, 4096, 8192, 16384)],
+        layernorm={torch.float16: [(4096, w) for w in (1024, 2048, 4096, 8192, 16384)]
+                   + [(4096, 5120), (8, 5120)],
                    torch.float32: [(4096, 1024), (4096, 4096), (4096, 16384)],
-                   torch.bfloat16: [(4096, 4096)]},
+                   torch.bfloat16: [(4096, 4096), (4096, 5120)]},
     ),
     "smoke": dict(
         softmax={torch.float32: [(3, 1000), (2, 40000)], torch.float16: [(5, 257)]},
@@ -89,8 +93,8 @@ def softmax_problems(grid: str = "full") -> list[Problem]:
                             rows, width, s, "triton_fused", online=_reads_twice(q)))))
             if dtype == torch.float32 and (rows, width) in g["softmax_sweep"]:
                 variants += _softmax_sweep_variants(rows, width, s, g)
-            variants.append(Variant("torch_compile", Compiled(sm.reference),
-                                    bytes_impl=impl_bytes("torch_compile")))
+            variants += compiled_variants(sm.reference, impl_bytes("torch_compile"))
+            variants += peers.softmax_variants(impl_bytes("triton_fused"))
             out.append(Problem(
                 family="softmax", op="softmax", dtype=dtype, precision=_precision(dtype),
                 shape=dict(rows=rows, width=width, direction="fwd"),
@@ -166,8 +170,8 @@ def softmax_backward_problems(grid: str = "full") -> list[Problem]:
                 Variant("triton_unfused", smb.triton_unfused, bytes_impl=impl_bytes("triton_unfused")),
                 Variant("triton_fused", smb.triton_fused, block=p.block, num_warps=p.num_warps,
                         variant=p.path, bytes_impl=impl_bytes("triton_fused")),
-                Variant("torch_compile", Compiled(_softmax_bwd_formula),
-                        bytes_impl=impl_bytes("torch_compile")),
+                *compiled_variants(_softmax_bwd_formula, impl_bytes("torch_compile")),
+                *peers.softmax_backward_variants(impl_bytes("triton_fused")),
             ]
             out.append(Problem(
                 family="softmax", op="softmax_bwd", dtype=dtype, precision=_precision(dtype),
@@ -226,9 +230,9 @@ class _DirectBackward:
     kind: "eager" (aten.native_layer_norm_backward), "compile" (the same op through torch.compile:
     Inductor's decomposition, as in a compiled model's backward) or "fused" (ours)."""
 
-    def __init__(self, kind):
+    def __init__(self, kind, mode=None):
         self.kind, self.saved = kind, None
-        self.compiled = Compiled(_aten_ln_backward) if kind == "compile" else None
+        self.compiled = Compiled(_aten_ln_backward, mode) if kind == "compile" else None
 
     def __call__(self, x, w, b, dy):
         n = x.shape[-1]
@@ -278,8 +282,12 @@ def layernorm_problems(grid: str = "full") -> list[Problem]:
                                 bytes_impl=impl_bytes("triton_unfused")),
                         Variant("triton_fused", _ln_forward(ln.triton_fused),
                                 bytes_impl=impl_bytes("triton_fused")),
-                        Variant("torch_compile", Compiled(_ln_forward(_torch_ln)),
-                                bytes_impl=impl_bytes("torch_compile")),
+                        *compiled_variants(_ln_forward(_torch_ln), impl_bytes("torch_compile")),
+                        Variant("liger", _ln_forward(peers.liger_layer_norm),
+                                variant=peers.label("liger"), bytes_impl=impl_bytes("triton_fused")),
+                        Variant("flag_gems", _ln_forward(peers.flag_gems_layer_norm),
+                                variant=peers.label("flag_gems"),
+                                bytes_impl=impl_bytes("triton_fused")),
                     ]
                     reference = _ln_reference_fwd
                 else:
@@ -294,6 +302,16 @@ def layernorm_problems(grid: str = "full") -> list[Problem]:
                         Variant("torch_compile", _Backward(Compiled(_torch_ln)),
                                 bytes_impl=impl_bytes("torch_compile"),
                                 graph_fn=_DirectBackward("compile")),
+                        Variant("torch_compile_max", _Backward(Compiled(_torch_ln, MAX_AUTOTUNE)),
+                                variant=MAX_AUTOTUNE, bytes_impl=impl_bytes("torch_compile"),
+                                graph_fn=_DirectBackward("compile", MAX_AUTOTUNE)),
+                        Variant("liger", _Backward(peers.liger_layer_norm),
+                                variant=peers.label("liger"), bytes_impl=impl_bytes("triton_fused"),
+                                graph_fn=peers.LigerLayerNormBackward(EPS)),
+                        # Called directly: FlagGems' autograd needs its aten patches on.
+                        Variant("flag_gems", peers.FlagGemsLayerNormBackward(EPS),
+                                variant=peers.label("flag_gems"),
+                                bytes_impl=impl_bytes("triton_fused")),
                     ]
                     reference = _ln_reference_bwd
                 out.append(Problem(

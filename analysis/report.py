@@ -13,10 +13,15 @@ from . import schema
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "results" / "reference" / "h100"
-IMPL_ORDER = ["torch_eager", "torch_compile", "triton_unfused", "triton_fused"]
+IMPL_ORDER = ["torch_eager", "torch_compile", "torch_compile_max", "triton_unfused",
+              "triton_fused"]
 IMPL_LABEL = {
     "torch_eager": "PyTorch eager",
     "torch_compile": "torch.compile",
+    "torch_compile_max": "torch.compile max-autotune",
+    "liger": "Liger-Kernel",
+    "flag_gems": "FlagGems",
+    "cublaslt": "cuBLASLt epilogue",
     "triton_unfused": "Triton unfused",
     "triton_fused": "Triton fused",
     "sdpa_flash": "SDPA flash (FA2)",
@@ -47,7 +52,8 @@ def data_file(results: Path, name: str) -> Path:
 
 # What a run on the CPU (Triton's interpreter) measures is the interpreter's wall clock: not a time.
 TIMING_COLUMNS = ["ms_median", "ms_mean", "ms_std", "ms_min", "ms_graph", "ms_device", "gbps",
-                  "tflops", "pct_copy_bw", "pct_matmul_peak", "peak_mib"]
+                  "tflops", "pct_copy_bw", "pct_matmul_peak", "peak_mib", "ms_trial_min",
+                  "ms_trial_max"]
 
 
 def on_cpu(df: pd.DataFrame) -> bool:
@@ -176,6 +182,100 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
         runs=int(limits["run_id"].nunique()),
         first_date=str(limits["started_at"].min())[:10],
     )
+
+
+def family_rows(results: Path) -> pd.DataFrame:
+    """Every row of every family file in a results folder (the columns all files share)."""
+    frames = [pd.read_parquet(path) for path in sorted(Path(results).glob("*.parquet"))
+              if path.stem not in ("limits", "runs")]
+    if not frames:
+        return pd.DataFrame()
+    shared = sorted(set.intersection(*(set(f.columns) for f in frames)))
+    return pd.concat([f[shared] for f in frames], ignore_index=True)
+
+
+def mixture(results: Path) -> dict:
+    """What a results folder mixes: its commits, whether any run came from a changed tree or
+    from outside a git checkout, and the families whose Triton rows ran more than one kernel
+    source (a data file assembled from several runs). `mixed` is true if any."""
+    rows = family_rows(results)
+    if not len(rows):
+        return dict(mixed=False, commits=[], unclean=[], families=[], runs=0)
+    commits = sorted(rows["git_commit"].dropna().astype(str).unique())
+    unclean = [c for c in commits if c.endswith("-dirty") or c == "unknown"]
+    families = []
+    if "kernel_hash" in rows:
+        triton = rows[rows["impl"].astype(str).str.startswith("triton")]
+        for family, g in triton.groupby("family"):
+            hashes = g["kernel_hash"].fillna("not recorded").unique()
+            if len(hashes) > 1:
+                families.append(family)
+    return dict(mixed=len(commits) > 1 or bool(unclean) or bool(families), commits=commits,
+                unclean=unclean, families=families, runs=int(rows["run_id"].nunique()))
+
+
+def _short(commit: str) -> str:
+    dirty = commit.endswith("-dirty")
+    return commit.removesuffix("-dirty")[:12] + ("-dirty" if dirty else "")
+
+
+def mixture_note(results: Path) -> "Markdown":
+    """The first page's warning where a folder is not one clean run (empty otherwise)."""
+    m = mixture(results)
+    if not m["mixed"]:
+        return Markdown("")
+    parts = [f"Its rows come from {m['runs']} runs at {len(m['commits'])} commits "
+             f"({', '.join(_short(c) for c in m['commits'])})"]
+    if m["unclean"]:
+        parts.append(f"{len(m['unclean'])} of these commits marked as a tree with uncommitted "
+                     "changes or as unknown")
+    if m["families"]:
+        parts.append("the Triton rows of " + ", ".join(m["families"]) + " ran more than one "
+                     "version of their kernels")
+    return Markdown("::: {.callout-warning}\n## This results folder is not one clean run\n"
+                    + "; ".join(parts) + ". Figures that compare rows of different runs also "
+                    "compare different code; the methods chapter lists the runs.\n:::")
+
+
+def gpu_states(results: Path) -> pd.DataFrame:
+    """One line per run in the folder's runs.parquet: the GPU's state at its start and end."""
+    path = Path(results) / "runs.parquet"
+    if not path.exists():
+        return pd.DataFrame()
+    runs = pd.read_parquet(path).sort_values("started_at")
+
+    def pair(r, key, maxkey=None):
+        def one(end):
+            v = r[f"{key}_{end}"]
+            if maxkey is not None:
+                return f"{md(v, '.0f')}/{md(r[f'{maxkey}_{end}'], '.0f')}"
+            return str(md(v, ".0f"))
+        return f"{one('start')} → {one('end')}"
+    return pd.DataFrame([dict(
+        run=f"{str(r.started_at)[:10]} {str(r.started_at)[11:16]}", status=r.status,
+        gpu=f"{r.gpu} #{md(r.gpu_index, '.0f')}", driver=r.driver or "—",
+        sm_clock=pair(r._asdict(), "sm_clock_mhz", "sm_clock_max_mhz"),
+        mem_clock=pair(r._asdict(), "mem_clock_mhz", "mem_clock_max_mhz"),
+        power_limit_w=r.power_limit_w_start, temp_c=pair(r._asdict(), "temp_c"),
+        commit=str(r.git_commit)[:12] + ("" if r.git_clean else " (not clean)"))
+        for r in runs.itertuples(index=False)])
+
+
+def trial_spread(df: pd.DataFrame, split_ms: float = 0.05) -> dict:
+    """Run-to-run spread of timed rows measured in several trials: highest over lowest trial
+    median, median and 95th percentile, for rows above and below `split_ms`; `n` counts rows."""
+    out = {}
+    if "n_trials" not in df:
+        df = df.assign(n_trials=float("nan"))
+    ok = df[(df["status"] == "ok") & (df["n_trials"] >= 2)
+            & ~df["gpu"].astype(str).str.startswith("cpu")]  # the interpreter's clock: no time
+    for name, part in (("long", ok[ok["ms_median"] >= split_ms]),
+                       ("short", ok[ok["ms_median"] < split_ms])):
+        ratio = part["ms_trial_max"] / part["ms_trial_min"]
+        out[name] = dict(n=len(part), median=ratio.median() if len(part) else float("nan"),
+                         p95=ratio.quantile(0.95) if len(part) else float("nan"))
+    out["trials"] = int(ok["n_trials"].max()) if len(ok) else 0
+    return out
 
 
 def ok_rows(df: pd.DataFrame, sweep: str = "size") -> pd.DataFrame:

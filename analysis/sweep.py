@@ -69,19 +69,34 @@ class Problem:
     graph: bool = True
 
 
-class Compiled:
-    """`torch.compile(fn, dynamic=False)`, compiled at the first call (inside the runner's measured
-    try-block, so a compile failure becomes a row), after a Dynamo reset: no problem inherits another
-    problem's graphs or hits the recompile limit and silently falls back to eager."""
+# torch.compile's strongest setting for a kernel's own speed: Triton templates autotuned for every
+# matmul and more configs tried for the rest. Without CUDA graphs, so that its rows compare
+# kernels as every other row does (the per-call section measures the host side).
+MAX_AUTOTUNE = "max-autotune-no-cudagraphs"
 
-    def __init__(self, fn: Callable):
-        self.source, self.fn = fn, None
+
+class Compiled:
+    """`torch.compile(fn, dynamic=False, mode=mode)`, compiled at the first call (inside the
+    runner's measured try-block, so a compile failure becomes a row), after a Dynamo reset: no
+    problem inherits another problem's graphs or hits the recompile limit and silently falls back
+    to eager."""
+
+    def __init__(self, fn: Callable, mode: str | None = None):
+        self.source, self.mode, self.fn = fn, mode, None
 
     def __call__(self, *args):
         if self.fn is None:
             torch._dynamo.reset()
-            self.fn = torch.compile(self.source, dynamic=False)
+            self.fn = torch.compile(self.source, dynamic=False, mode=self.mode)
         return self.fn(*args)
+
+
+def compiled_variants(fn: Callable, bytes_impl=None, wrap=lambda f: f, **kw) -> list[Variant]:
+    """`torch_compile` (default mode) and `torch_compile_max` (MAX_AUTOTUNE) of the same function;
+    `wrap` takes the compiled callable (a TF32 switch, a backward driver)."""
+    return [Variant("torch_compile", wrap(Compiled(fn)), bytes_impl=bytes_impl, **kw),
+            Variant("torch_compile_max", wrap(Compiled(fn, MAX_AUTOTUNE)), variant=MAX_AUTOTUNE,
+                    bytes_impl=bytes_impl, **kw)]
 
 
 def tf32(fn, enabled: bool):

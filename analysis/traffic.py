@@ -150,14 +150,17 @@ def softmax_matmul_flops(batch, d1, d2, d3) -> int:
     return 2 * batch * d1 * d2 * d3 + 5 * batch * d1 * d2
 
 
-def attention_kernels(batch, heads, seq, head_dim, itemsize, impl, score_bytes=4) -> list[Kernel]:
+def attention_kernels(batch, heads, seq, head_dim, itemsize, impl, score_bytes=None) -> list[Kernel]:
     """Naive (materialised) attention writes and reads the batch*heads*seq^2 scores S and
-    probabilities P (float32 in the PyTorch reference); fused reads Q, K, V and writes O only."""
+    probabilities P (in the input dtype unless `score_bytes` says otherwise; PyTorch eager also
+    scales S in a kernel of its own, as a user's code does); fused reads Q, K, V and writes O
+    only."""
     qkv = batch * heads * seq * head_dim * itemsize
     mm = 2 * batch * heads * seq * seq * head_dim  # one of the two products, non-causal
     if impl in ("torch_eager", "triton_unfused"):
-        s = batch * heads * seq * seq * score_bytes
-        return [Kernel("S = Q K^T", 2 * qkv, s, mm), Kernel("P = softmax(S)", s, s),
+        s = batch * heads * seq * seq * (score_bytes or itemsize)
+        scale = [Kernel("S *= scale", s, s)] if impl == "torch_eager" else []
+        return [Kernel("S = Q K^T", 2 * qkv, s, mm), *scale, Kernel("P = softmax(S)", s, s),
                 Kernel("O = P V", s + qkv, qkv, mm)]
     return [Kernel("O = attention(Q, K, V)", 3 * qkv, qkv, 2 * mm)]
 

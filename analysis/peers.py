@@ -1,0 +1,166 @@
+"""The Triton kernel libraries a user would pick instead of ours, as baselines: Liger-Kernel
+(softmax, LayerNorm) and FlagGems (softmax, LayerNorm, attention).
+
+Optional and pinned (`pip install .[peers]`, versions in PINNED). Where a library is not
+installed (or does not import on this machine), its variants raise `Missing`, which the runner
+records as a row with status `unsupported` and the reason: the data say what was left out.
+Each row's `variant` names the library's version.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+
+import torch
+
+from .sweep import Variant
+
+# impl -> (module, distribution, the version the references were measured with)
+PINNED = {"liger": ("liger_kernel", "liger-kernel", "0.8.5"),
+          "flag_gems": ("flag_gems", "flag-gems", "5.0.2")}
+
+
+class Missing(NotImplementedError):
+    """A peer library that is not installed or does not import here."""
+
+
+@functools.cache
+def _load(impl: str):
+    """(module, version label) of a peer library, or (None, why not)."""
+    module, dist, pinned = PINNED[impl]
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None, f"{dist} is not installed (pip install {dist}=={pinned})"
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - e.g. no GPU for its device detection
+        return None, f"{dist} {version} does not import here: {type(exc).__name__}: {exc}"[:300]
+    label = f"{dist} {version}" + ("" if version == pinned else f" (pinned: {pinned})")
+    return mod, label
+
+
+def label(impl: str) -> str | None:
+    mod, text = _load(impl)
+    return text if mod is not None else None
+
+
+def _need(impl: str):
+    mod, text = _load(impl)
+    if mod is None:
+        raise Missing(text)
+    return mod
+
+
+def _variant(impl, fn, bytes_impl=None, **kw) -> Variant:
+    return Variant(impl, fn, variant=label(impl), bytes_impl=bytes_impl, **kw)
+
+
+# --- softmax -------------------------------------------------------------------------------
+
+
+def liger_softmax(x):
+    _need("liger")
+    from liger_kernel.ops.softmax import _softmax_forward
+
+    return _softmax_forward(x)[0]
+
+
+def flag_gems_softmax(x):
+    return _need("flag_gems").ops.softmax(x, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _liger_softmax_settings(width: int, dtype, device):
+    from liger_kernel.ops.softmax import _softmax_forward
+
+    _, block, warps, multi = _softmax_forward(torch.zeros(1, width, dtype=dtype, device=device))
+    return block, warps, multi
+
+
+def liger_softmax_backward(y, dy):
+    """dx from the forward's output y, as Liger's autograd backward computes it (with the tile
+    settings its forward chose for this width)."""
+    _need("liger")
+    from liger_kernel.ops.softmax import _softmax_backward
+
+    return _softmax_backward(dy, y, *_liger_softmax_settings(y.shape[-1], y.dtype, y.device))
+
+
+def flag_gems_softmax_backward(y, dy):
+    _need("flag_gems")
+    from flag_gems.ops.softmax import softmax_backward
+
+    return softmax_backward(dy, y, -1, y.dtype)
+
+
+def softmax_variants(bytes_impl) -> list[Variant]:
+    return [_variant("liger", liger_softmax, bytes_impl),
+            _variant("flag_gems", flag_gems_softmax, bytes_impl)]
+
+
+def softmax_backward_variants(bytes_impl) -> list[Variant]:
+    return [_variant("liger", liger_softmax_backward, bytes_impl),
+            _variant("flag_gems", flag_gems_softmax_backward, bytes_impl)]
+
+
+# --- LayerNorm ---------------------------------------------------------------------------------
+
+
+def liger_layer_norm(x, w, b, eps):
+    _need("liger")
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+    return LigerLayerNormFunction.apply(x, w, b, eps)
+
+
+def flag_gems_layer_norm(x, w, b, eps):
+    return _need("flag_gems").ops.layer_norm(x, [x.shape[-1]], w, b, eps)[0]
+
+
+class FlagGemsLayerNormBackward:
+    """FlagGems' LayerNorm backward called directly (its autograd runs only with its aten patches
+    enabled, which would also replace PyTorch's own rows): the statistics from its forward, once."""
+
+    def __init__(self, eps):
+        self.eps, self.saved = eps, None
+
+    def __call__(self, x, w, b, dy):
+        gems = _need("flag_gems")
+        if self.saved is None:
+            self.saved = gems.ops.layer_norm(x, [x.shape[-1]], w, b, self.eps)[1:]
+        return gems.ops.layer_norm_backward(dy, x, [x.shape[-1]], *self.saved, w, b,
+                                            [True, True, True])
+
+
+class LigerLayerNormBackward:
+    """Liger's LayerNorm backward kernels called directly (for ms_device: no autograd engine)."""
+
+    def __init__(self, eps):
+        self.eps, self.saved = eps, None
+
+    def __call__(self, x, w, b, dy):
+        _need("liger")
+        from liger_kernel.ops.layer_norm import layer_norm_backward, layer_norm_forward
+
+        if self.saved is None:
+            _, _, mean, rstd, _, _ = layer_norm_forward(x, w, b, self.eps)
+            self.saved = mean, rstd
+        return layer_norm_backward(dy, x, w, b, *self.saved)
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+def flag_gems_attention(q, k, v, causal=False):
+    _need("flag_gems")
+    from flag_gems.ops.attention import scaled_dot_product_attention_forward
+
+    return scaled_dot_product_attention_forward(q, k, v, is_causal=causal,
+                                                enable_gqa=q.shape[1] != k.shape[1])[0]
+
+
+def attention_variants(causal: bool, bytes_impl) -> list[Variant]:
+    return [_variant("flag_gems", functools.partial(flag_gems_attention, causal=causal),
+                     bytes_impl)]

@@ -45,6 +45,22 @@ def select_ops(problems: list[sweep.Problem], ops: list[str] | None) -> list[swe
     return [p for p in problems if p.op in ops]
 
 
+def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> list[sweep.Problem]:
+    """The problems whose shape has every COL=VALUE of `where` (a few headline shapes measured
+    alone); a problem without the column is left out."""
+    if not where:
+        return problems
+    wanted = {}
+    for item in where:
+        col, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--where {item}: expected COLUMN=VALUE, e.g. seq=4096")
+        wanted[col] = int(value) if value.lstrip("-").isdigit() else {
+            "True": True, "False": False}.get(value, value)
+    return [p for p in problems
+            if all(col in p.shape and p.shape[col] == v for col, v in wanted.items())]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,6 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--op", action="append", metavar="NAME",
                     help="keep only the problems of this op (repeatable; default: all), e.g. "
                          "softmax_bwd for the softmax backward alone")
+    ap.add_argument("--where", action="append", metavar="COL=VALUE",
+                    help="keep only the problems whose shape has this value (repeatable), e.g. "
+                         "--where seq=4096 --where head_dim=128")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
@@ -62,7 +81,7 @@ def main(argv=None) -> int:
 
     problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
     try:
-        problems = select_ops(problems, args.op)
+        problems = select_shapes(select_ops(problems, args.op), args.where)
     except ValueError as exc:
         ap.error(str(exc))
 

@@ -4,7 +4,7 @@ folder (e.g. rows measured alone with `--op` to the committed reference).
 Every family file of RUN is appended to INTO's, both brought to the current schema (shape columns
 added since a file was written take the value its rows had: `schema.ADDED_SHAPE_DEFAULTS`), and
 RUN's limits to INTO's limits.parquet, so that the new rows find the copy bandwidth of their own
-run. Nothing is replaced: a run already in INTO, or a row that repeats a configuration INTO
+run (and its run records, runs.parquet, to INTO's). Nothing is replaced: a run already in INTO, or a row that repeats a configuration INTO
 already holds, is refused (remove old rows deliberately, by hand, if they are to be replaced).
 """
 from __future__ import annotations
@@ -95,12 +95,14 @@ def merged_family(run: Path, into: Path, family: str) -> pa.Table:
     return _concat(old, new, schema.family_schema(family))
 
 
-def merged_limits(run: Path, into: Path) -> pa.Table:
-    """INTO's limits followed by those of RUN's runs that INTO does not have yet."""
-    new = pd.read_parquet(run / "limits.parquet")
-    target = into / "limits.parquet"
+def merged_limits(run: Path, into: Path, name: str = "limits") -> pa.Table:
+    """INTO's limits (or run records, name "runs") followed by those of RUN's runs that INTO does
+    not have yet."""
+    arrow_schema = schema.limits_schema() if name == "limits" else schema.runs_schema()
+    new = pd.read_parquet(run / f"{name}.parquet")
+    target = into / f"{name}.parquet"
     old = pd.read_parquet(target) if target.exists() else new.iloc[:0]
-    return _concat(old, new[~new["run_id"].isin(set(old["run_id"]))], schema.limits_schema())
+    return _concat(old, new[~new["run_id"].isin(set(old["run_id"]))], arrow_schema)
 
 
 def append_run(run: Path, into: Path) -> dict[str, int]:
@@ -112,6 +114,8 @@ def append_run(run: Path, into: Path) -> dict[str, int]:
         raise FileNotFoundError(f"{run} holds no family's rows and limits.parquet to append")
     merged = {f: merged_family(run, into, f) for f in families}
     merged["limits"] = merged_limits(run, into)
+    if (run / "runs.parquet").exists():  # runs from before run records have none
+        merged["runs"] = merged_limits(run, into, "runs")
     added = {}
     for name, table in merged.items():
         target = into / f"{name}.parquet"

@@ -102,9 +102,9 @@ def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str,
             d = sub[sub["impl"] == impl].sort_values(x)
             _plot_with_spread(ax, d, x, y, label=IMPL_LABEL.get(impl, impl), ms=4,
                               **STYLE.get(impl, dict(marker=".")))
-        for k, (label, value) in enumerate(ceilings.items()):
-            if value == value:  # NaN: a ceiling this run did not measure
-                ax.axhline(value, color="black", lw=1, ls=[":", "--", "-."][k % 3], label=label)
+        for k, (label, level) in enumerate(ceilings.items()):
+            if level == level:  # NaN: a ceiling this run did not measure
+                ax.axhline(level, color="black", lw=1, ls=[":", "--", "-."][k % 3], label=label)
         _log2_axis(ax)
         if logy:
             ax.set_yscale("log")

@@ -185,13 +185,13 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
 
 
 def family_rows(results: Path) -> pd.DataFrame:
-    """Every row of every family file in a results folder (the columns all files share)."""
+    """Every row of every family file in a results folder (a column some files lack is empty
+    in their rows)."""
     frames = [pd.read_parquet(path) for path in sorted(Path(results).glob("*.parquet"))
               if path.stem not in ("limits", "runs")]
     if not frames:
         return pd.DataFrame()
-    shared = sorted(set.intersection(*(set(f.columns) for f in frames)))
-    return pd.concat([f[shared] for f in frames], ignore_index=True)
+    return pd.concat(frames, ignore_index=True)
 
 
 def mixture(results: Path) -> dict:

@@ -263,8 +263,10 @@ def test_softmax_backward_findings_on_cpu_rows():
     """The smoke run's backward rows were checked, not timed: the section says so."""
     from triton_fusion_report.analysis import findings as F
 
+    from test_analysis import ok_or_peer_missing
+
     smb = R.load(SMOKE, "softmax", op="softmax_bwd")
-    assert len(smb) and (smb["status"] == "ok").all()
+    assert len(smb) and ok_or_peer_missing(smb)
     said = str(F.softmax_backward_findings(smb, R.load_limits(SMOKE))["measured"])
     assert said.startswith(f"The {len(smb)} softmax backward rows here were not timed (a run on the CPU")
 

@@ -100,6 +100,10 @@ def reference64(q, k, v, causal: bool):
     return out
 
 
+# The variant of the naive rows since they compute in the input dtype (older rows: float32).
+NAIVE_IN_INPUT_DTYPE = "scores in the input dtype"
+
+
 @functools.lru_cache(maxsize=8)
 def _causal_mask(n: int, device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
@@ -147,7 +151,8 @@ def attention_problems(grid: str = "full") -> list[Problem]:
                 return traffic.total(traffic.attention_kernels(batch, heads, seq, head_dim, s,
                                                                impl))
             naive = functools.partial(naive_attention, causal=causal)
-            variants = [Variant("torch_eager", naive, bytes_impl=nbytes("torch_eager"))]
+            variants = [Variant("torch_eager", naive, variant=NAIVE_IN_INPUT_DTYPE,
+                                bytes_impl=nbytes("torch_eager"))]
             variants += [Variant(name, _sdpa(backend, causal), bytes_impl=nbytes(name))
                          for name, backend in SDPA_BACKENDS.items()]
             if seq <= g["unfused_max_seq"]:

@@ -300,7 +300,15 @@ def attention_findings(df) -> dict:
         at = rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096) & (rows["causal"] == causal)]
         out[causal] = {impl: R.value_at(at, impl, "tflops") for impl in at["impl"].unique()}
     naive = df[df["impl"] == "torch_eager"]
+    from .attention import NAIVE_IN_INPUT_DTYPE
+
+    in_input_dtype = bool(len(naive)) and (naive["variant"] == NAIVE_IN_INPUT_DTYPE).all()
+    naive_scores = ("in float16, as a user's code computes them" if in_input_dtype else
+                    "in float32: this folder's naive rows predate the change to the input dtype, "
+                    "so they run slower than a user's float16 code and overstate the "
+                    "fused kernel's lead")
     return dict(tflops=out, naive_oom=int((naive["status"] == "oom").sum()),
+                naive_scores=naive_scores,
                 naive_peak_4096=R.value_at(rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096)
                                               & (~rows["causal"])], "torch_eager", "peak_mib"),
                 fused_peak_max=float(rows[rows["impl"] == "triton_fused"]["peak_mib"].max()))

@@ -29,7 +29,7 @@ BOOK_PDF := kernel-fusion-in-triton.pdf
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test test-report bench seed002 render report smoke-data clean
+.PHONY: help setup test test-report bench profile seed002 render report smoke-data clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
@@ -63,6 +63,10 @@ bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into 
 	  $(RUN_PY) -m triton_fusion_report.analysis.launch_cost --out $(BENCH_OUT)/launch_cost.csv && \
 	  $(RUN_PY) -m triton_fusion_report.analysis.model_check --out $(BENCH_OUT); fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
+
+profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel of each implementation into BENCH_OUT/profile.parquet
+	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }
+	$(RUN_PY) -m triton_fusion_report.analysis.profile --out $(BENCH_OUT)
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }

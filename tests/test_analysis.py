@@ -1,4 +1,5 @@
 """The traffic model's numbers, the Parquet sink, and a sweep smoke run on a tiny grid."""
+from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -384,3 +385,41 @@ def test_kernel_hash_follows_the_family_imports(tmp_path, monkeypatch):
     assert machine.kernel_hash("softmax") == before["softmax"]
     (k / "row_softmax.py").write_text("z = 0\n")
     assert machine.kernel_hash("softmax") != before["softmax"]
+
+
+def test_profile_parses_ncu_csv_and_attributes_kernels():
+    """ncu's CSV (one line per kernel and metric, values with thousands separators, units that
+    may be scaled) becomes one row per kernel in bytes; the marker kernels split them among the
+    implementations in the order they ran."""
+    from triton_fusion_report.analysis import profile as P
+
+    text = (Path(__file__).parent / "data" / "ncu_synthetic.csv").read_text()
+    kernels = P.parse_ncu_csv(text)
+    assert kernels["id"].tolist() == [0, 1, 2, 3, 4]
+    assert kernels.loc[1, "dram__bytes_read.sum"] == 2**29
+    assert kernels.loc[4, "dram__bytes_write.sum"] == pytest.approx(2**28)
+    rows = P.attribute(kernels, ["torch_eager", "triton_fused"])
+    assert rows["impl"].tolist() == ["torch_eager", "torch_eager", "triton_fused"]
+    with pytest.raises(ValueError, match="2 marker kernels for 3"):
+        P.attribute(kernels, ["a", "b", "c"])
+    with pytest.raises(ValueError, match="no ncu CSV"):
+        P.parse_ncu_csv("==PROF== nothing profiled\n")
+    table = pd.DataFrame([dict(family="elementwise", op="add_mul", impl=r["impl"],
+                               kernel=r["kernel"], dram_read=r["dram__bytes_read.sum"],
+                               dram_write=r["dram__bytes_write.sum"], status="ok",
+                               bytes_model_impl={"torch_eager": 6, "triton_fused": 4}[r["impl"]]
+                               * 2**28, bytes_model=4 * 2**28)
+                          for r in rows.to_dict("records")])
+    s = P.summary(table).set_index("impl")
+    assert s.loc["torch_eager", "kernels"] == 2
+    assert s.loc["torch_eager", "measured_over_model"] == pytest.approx(1.0)
+    assert s.loc["triton_fused", "measured"] == 4 * 2**28
+
+
+def test_profile_cases_exist_in_the_grids():
+    """Every profiled configuration is one the sweep measures."""
+    from triton_fusion_report.analysis import profile as P
+
+    for case in P.CASES:
+        problem = P.find_problem(case)
+        assert {"triton_fused", "torch_eager"} <= {v.impl for v in P.profiled_variants(problem)}

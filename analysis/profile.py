@@ -1,0 +1,234 @@
+"""`python -m triton_fusion_report.analysis.profile --out DIR`: the bytes each implementation moves
+through DRAM, read from the GPU's counters by Nsight Compute, against the traffic model.
+
+For each family, one large configuration (CASES) and every implementation the sweep times on it:
+one `ncu` process per configuration runs a worker (this module, `--worker`) that calls each
+implementation once to compile and warm up, then once more inside the profiled window, with a
+tiny marker kernel before each, so that every profiled kernel is attributed to the implementation
+whose call launched it. ncu flushes the caches before each kernel it profiles (its default cache
+control), so a kernel's bytes are those of a cold call, as in the model. Metrics:
+dram__bytes_read.sum and dram__bytes_write.sum, in bytes (--print-units base).
+
+DIR/profile.parquet: one row per profiled kernel (family, op, impl, kernel name, bytes read and
+written) with the model's bytes for that implementation and for the fused op; `summary` adds
+them up per implementation.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+MARKER = "profile_marker"
+# (family, op, dtype, shape columns): the configuration profiled per family, large enough that
+# every kernel's traffic dwarfs what the caches and the launch add.
+CASES = [
+    ("elementwise", "add_mul", "float32", dict(n=2**26, z_kind="tensor")),
+    ("softmax", "softmax", "float32", dict(rows=4096, width=16384)),
+    ("softmax", "softmax_bwd", "float32", dict(rows=4096, width=16384)),
+    ("layernorm", "layer_norm_fwd", "float16", dict(rows=4096, width=8192)),
+    ("layernorm", "layer_norm_bwd", "float16", dict(rows=4096, width=8192)),
+    ("softmax_matmul", "softmax_matmul", "float16", dict(d2=8192)),
+    ("attention", "attention_fwd", "float16", dict(seq=4096, head_dim=128, causal=False)),
+    ("matmul_softmax", "matmul_softmax", "float16", dict(m=16384, k=4096, n=4096)),
+    ("linear_act", "linear_gelu", "float16", dict(m=4096, k=4096, n=4096)),
+]
+
+
+def find_problem(case):
+    """The sweep's problem of a CASES entry (its full grid)."""
+    from .__main__ import FAMILIES
+    from .sweep import dtype_name
+
+    family, op, dtype, shape = case
+    hits = [p for p in FAMILIES[family]("full") if p.op == op and dtype_name(p.dtype) == dtype
+            and all(p.shape.get(k) == v for k, v in shape.items())]
+    if not hits:
+        raise ValueError(f"no problem in the {family} grid matches {op} {dtype} {shape}")
+    return hits[0]
+
+
+def profiled_variants(problem):
+    """The implementations at their default settings (the size sweep), one per impl."""
+    seen, out = set(), []
+    for v in problem.variants:
+        if v.sweep == "size" and v.impl not in seen:
+            seen.add(v.impl)
+            out.append(v)
+    return out
+
+
+# --- parsing ncu's CSV ------------------------------------------------------------------------
+
+
+def parse_ncu_csv(text: str) -> pd.DataFrame:
+    """ncu --csv output (other lines, e.g. ==PROF==, skipped) as one row per kernel: id, kernel
+    name and one column per metric, in bytes; kernels in the order they were profiled."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError("no ncu CSV table in the text (no header line starting with \"ID\")")
+    table = [row for row in csv.DictReader(io.StringIO("\n".join(lines[start:])))
+             if row.get("ID", "").strip().isdigit()]
+    kernels: dict[int, dict] = {}
+    for row in table:
+        k = kernels.setdefault(int(row["ID"]), {"id": int(row["ID"]), "kernel": row["Kernel Name"]})
+        unit = row.get("Metric Unit", "byte").strip().lower()
+        scale = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}.get(unit)
+        if scale is None:
+            raise ValueError(f"unexpected unit {unit!r} for {row['Metric Name']}")
+        k[row["Metric Name"]] = float(row["Metric Value"].replace(",", "")) * scale
+    return pd.DataFrame(sorted(kernels.values(), key=lambda k: k["id"]))
+
+
+def attribute(kernels: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Each kernel with the implementation whose call launched it: `order` names the impls in
+    the order they ran, each after one marker kernel; the markers themselves are dropped."""
+    is_marker = kernels["kernel"].str.contains(MARKER)
+    if int(is_marker.sum()) != len(order):
+        raise ValueError(f"{int(is_marker.sum())} marker kernels for {len(order)} implementations")
+    segment = is_marker.cumsum() - 1
+    if (segment < 0).any():
+        raise ValueError("kernels profiled before the first marker")
+    out = kernels[~is_marker].copy()
+    out["impl"] = [order[i] for i in segment[~is_marker]]
+    return out.reset_index(drop=True)
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (family, op, impl): kernels, measured MB read and written, model MB, measured / model."""
+    ok = rows[rows["status"] == "ok"]
+    g = ok.groupby(["family", "op", "impl"], sort=False)
+    out = g.agg(kernels=("kernel", "count"), read=("dram_read", "sum"),
+                written=("dram_write", "sum"), model=("bytes_model_impl", "first"),
+                fused_model=("bytes_model", "first")).reset_index()
+    out["measured"] = out["read"] + out["written"]
+    out["measured_over_model"] = out["measured"] / out["model"]
+    return out
+
+
+# --- the worker (runs under ncu) --------------------------------------------------------------
+
+
+def _marker_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def profile_marker(x_ptr):
+        tl.store(x_ptr, tl.load(x_ptr) + 1)
+    return profile_marker
+
+
+def worker(case_index: int, order_file: Path) -> None:
+    import torch
+
+    problem = find_problem(CASES[case_index])
+    device = torch.device("cuda")
+    inputs = problem.make_inputs(device)
+    marker, flag = _marker_kernel(), torch.zeros(1, device=device)
+    marker[(1,)](flag)
+    ready, failed = [], {}
+    for v in profiled_variants(problem):
+        try:
+            v.fn(*inputs)  # compile, autotune, build what the timed calls reuse
+            torch.cuda.synchronize()
+            ready.append(v)
+        except Exception as exc:  # noqa: BLE001 - recorded, not profiled
+            failed[v.impl] = f"{type(exc).__name__}: {exc}"[:500]
+            torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for v in ready:
+        marker[(1,)](flag)
+        v.fn(*inputs)
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    order_file.write_text(json.dumps(dict(
+        order=[v.impl for v in ready], failed=failed,
+        variants={v.impl: v.variant for v in ready},
+        bytes_impl={v.impl: v.bytes_impl for v in problem.variants if v.sweep == "size"})))
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+def profile_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]:
+    case = CASES[case_index]
+    problem = find_problem(case)
+    order_file, log = raw / f"order_{case_index}.json", raw / f"ncu_{case_index}.csv"
+    cmd = [ncu, "--csv", "--print-units", "base", "--profile-from-start", "off",
+           "--metrics", ",".join(METRICS), "--log-file", str(log),
+           sys.executable, "-m", "triton_fusion_report.analysis.profile", "--worker",
+           str(case_index), "--order", str(order_file)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    base = dict(meta, family=case[0], op=case[1], dtype=case[2], shape=json.dumps(problem.shape),
+                bytes_model=problem.bytes_model)
+    if done.returncode != 0 or not order_file.exists():
+        why = (done.stderr or done.stdout)[-1500:]
+        return [dict(base, impl=None, status="failed", error=why)]
+    info = json.loads(order_file.read_text())
+    kernels = attribute(parse_ncu_csv(log.read_text()), info["order"])
+    rows = [dict(base, impl=r["impl"], variant=info["variants"].get(r["impl"]),
+                 kernel=r["kernel"], kernel_index=int(r["id"]), dram_read=r[METRICS[0]],
+                 dram_write=r[METRICS[1]], bytes_model_impl=info["bytes_impl"].get(r["impl"]),
+                 status="ok")
+            for r in kernels.to_dict("records")]
+    rows += [dict(base, impl=impl, status="failed", error=why)
+             for impl, why in info["failed"].items()]
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.profile",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="results folder: profile.parquet goes there")
+    ap.add_argument("--case", type=int, action="append", help="CASES index (default: all)")
+    ap.add_argument("--raw", type=Path, help="keep ncu's CSV logs here (default: discarded)")
+    ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"))
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--order", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker is not None:
+        worker(args.worker, args.order)
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
+    ncu = shutil.which(args.ncu)
+    if ncu is None:
+        ap.error(f"Nsight Compute ({args.ncu}) is not on the PATH: `make profile` needs it "
+                 "(and a GPU whose counters it may read)")
+    import torch
+
+    from . import machine
+
+    meta = machine.run_metadata(torch.device("cuda"))
+    meta = {k: meta[k] for k in ("run_id", "started_at", "git_commit", "gpu", "torch", "triton")}
+    raw = args.raw or Path(tempfile.mkdtemp(prefix="ncu_"))
+    raw.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in args.case or range(len(CASES)):
+        rows += profile_case(i, ncu, raw, meta)
+        print(f"{CASES[i][0]} {CASES[i][1]}: {sum(r['status'] == 'ok' for r in rows)} kernels "
+              "so far", flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(args.out / "profile.parquet", index=False)
+    if args.raw is None:
+        shutil.rmtree(raw, ignore_errors=True)
+    with pd.option_context("display.width", 200):
+        print(summary(pd.DataFrame(rows)).round(3).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -423,3 +423,22 @@ def test_profile_cases_exist_in_the_grids():
     for case in P.CASES:
         problem = P.find_problem(case)
         assert {"triton_fused", "torch_eager"} <= {v.impl for v in P.profiled_variants(problem)}
+
+
+def test_profile_parses_a_recorded_ncu_run():
+    """ncu 2025 on the H100 (make profile, add-mul at 2^26 float32, five implementations): the
+    fused kernel reads x, y and z once (the model's 805 MB) and the unfused pair 1074 MB."""
+    import json
+
+    from triton_fusion_report.analysis import profile as P
+
+    kernels = P.parse_ncu_csv((Path(__file__).parent / "data" / "ncu_add_mul_h100.csv").read_text())
+    order = ["torch_eager", "triton_unfused", "triton_fused", "torch_compile", "torch_compile_max"]
+    rows = P.attribute(kernels, order)
+    per = rows.groupby("impl", sort=False)
+    assert per.size().to_dict() == {"torch_eager": 2, "triton_unfused": 2, "triton_fused": 1,
+                                    "torch_compile": 1, "torch_compile_max": 1}
+    read = per["dram__bytes_read.sum"].sum() / 2**20
+    assert read["triton_fused"] == pytest.approx(3 * 256, rel=0.01)
+    assert read["triton_unfused"] == pytest.approx(4 * 256, rel=0.01)
+    json.dumps(rows.to_dict("records"))  # plain values

@@ -117,6 +117,22 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def fusion_ratios(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (family, op): unfused over fused Triton bytes, in the model and on the counters, and
+    the fused kernel's measured bytes over its model."""
+    s = summary(rows)
+    out = []
+    for (family, op), g in s.groupby(["family", "op"], sort=False):
+        g = g.set_index("impl")
+        if not {"triton_unfused", "triton_fused"} <= set(g.index):
+            continue
+        un, fu = g.loc["triton_unfused"], g.loc["triton_fused"]
+        out.append(dict(family=family, op=op, model_ratio=un["model"] / fu["model"],
+                        measured_ratio=un["measured"] / fu["measured"],
+                        fused_measured_over_model=fu["measured_over_model"]))
+    return pd.DataFrame(out)
+
+
 # --- the worker (runs under ncu) --------------------------------------------------------------
 
 

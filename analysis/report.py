@@ -290,7 +290,7 @@ def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
 
 def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "Markdown":
     """A pipe table (Quarto renders it in HTML and typst alike), with no extra dependency."""
-    if df is MISSING or len(df) == 0:
+    if df is None or df is MISSING or len(df) == 0:
         return Markdown("| data |\n|:---|\n| none in this results folder |")
     if index:
         df = df.reset_index()

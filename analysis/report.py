@@ -184,11 +184,15 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
     )
 
 
+# Parquet files of a results folder that hold no family's sweep rows.
+NOT_FAMILY_FILES = ("limits", "runs", "profile")
+
+
 def family_rows(results: Path) -> pd.DataFrame:
     """Every row of every family file in a results folder (a column some files lack is empty
     in their rows)."""
     frames = [pd.read_parquet(path) for path in sorted(Path(results).glob("*.parquet"))
-              if path.stem not in ("limits", "runs")]
+              if path.stem not in NOT_FAMILY_FILES]
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
@@ -251,13 +255,13 @@ def gpu_states(results: Path) -> pd.DataFrame:
                 return f"{md(v, '.0f')}/{md(r[f'{maxkey}_{end}'], '.0f')}"
             return str(md(v, ".0f"))
         return f"{one('start')} → {one('end')}"
-    return pd.DataFrame([dict(
-        run=f"{str(r.started_at)[:10]} {str(r.started_at)[11:16]}", status=r.status,
-        gpu=f"{r.gpu} #{md(r.gpu_index, '.0f')}", driver=r.driver or "—",
-        sm_clock=pair(r._asdict(), "sm_clock_mhz", "sm_clock_max_mhz"),
-        mem_clock=pair(r._asdict(), "mem_clock_mhz", "mem_clock_max_mhz"),
-        power_limit_w=r.power_limit_w_start, temp_c=pair(r._asdict(), "temp_c"),
-        commit=str(r.git_commit)[:12] + ("" if r.git_clean else " (not clean)"))
+    return pd.DataFrame([{
+        "run (UTC)": f"{str(r.started_at)[:10]} {str(r.started_at)[11:16]}", "status": r.status,
+        "GPU": f"#{md(r.gpu_index, '.0f')}", "driver": r.driver or "—",
+        "SM MHz": pair(r._asdict(), "sm_clock_mhz", "sm_clock_max_mhz"),
+        "memory MHz": pair(r._asdict(), "mem_clock_mhz", "mem_clock_max_mhz"),
+        "power limit W": r.power_limit_w_start, "°C": pair(r._asdict(), "temp_c"),
+        "commit": _short(str(r.git_commit)) + ("" if r.git_clean else " (not clean)")}
         for r in runs.itertuples(index=False)])
 
 

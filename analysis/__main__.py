@@ -61,7 +61,7 @@ def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> lis
             if all(col in p.shape and p.shape[col] == v for col, v in wanted.items())]
 
 
-def main(argv=None) -> int:
+def parse(argv=None):
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="results folder to create")
@@ -75,54 +75,79 @@ def main(argv=None) -> int:
                     help="keep only the problems whose shape has this value (repeatable), e.g. "
                          "--where seq=4096 --where head_dim=128")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes sharing the configurations, one per GPU (default: every "
+                         "visible GPU; on the CPU 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-
-    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
     try:
-        problems = select_shapes(select_ops(problems, args.op), args.where)
+        problems = select_problems(args)
     except ValueError as exc:
         ap.error(str(exc))
-
-    device = torch.device(args.device)
-    if device.type == "cpu":
+    if torch.device(args.device).type == "cpu":
         from ..kernels._common import interpreting
 
         if not interpreting():
             ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")
+    if args.workers is None:
+        cuda = torch.device(args.device).type == "cuda" and torch.device(args.device).index is None
+        args.workers = torch.cuda.device_count() if cuda else 1
+    if args.workers > 1 and torch.device(args.device).index is not None:
+        ap.error("--workers > 1 spreads over the visible GPUs: give --device cuda, not one GPU")
+    args.argv = ["python -m triton_fusion_report.analysis",
+                 *(argv if argv is not None else sys.argv[1:])]
+    return args, problems
+
+
+def select_problems(args) -> list[sweep.Problem]:
+    """The grid's problems, in a fixed order (every worker builds the same list)."""
+    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
+    return select_shapes(select_ops(problems, args.op), args.where)
+
+
+def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dict[str, Path]:
+    """One process on one device: its run record, its limits, then the problems (a list, or an
+    iterator that a worker fills from the shared queue) into `out`."""
     # Compile in this process: no pool of compile workers left busy while other impls are timed.
     torch._inductor.config.compile_threads = 1
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-
+    out.mkdir(parents=True, exist_ok=True)
     meta = machine.run_metadata(device)
-    print(f"run {meta['run_id']} on {meta['gpu']}: torch {meta['torch']}, triton "
-          f"{meta['triton']}, cuda {meta['cuda']}, commit {meta['git_commit']}", flush=True)
-    runs = schema.ParquetSink(args.out / "runs.parquet", schema.runs_schema(), keep_existing=True)
+    print(f"run {meta['run_id']} on {meta['gpu']} (#{meta['gpu_index']}): torch {meta['torch']}, "
+          f"triton {meta['triton']}, cuda {meta['cuda']}, commit {meta['git_commit']}", flush=True)
+    runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
     families = ",".join(args.family or sorted(FAMILIES))
-    argv_ = ["python -m triton_fusion_report.analysis", *(argv if argv is not None else sys.argv[1:])]
-    runs.upsert(machine.run_record(meta, device, "start", argv_, status="running",
+    runs.upsert(machine.run_record(meta, device, "start", args.argv, status="running",
                                    families=families))
     limit_rows = machine.measure_limits(device, meta)
     # One folder may hold several runs (one per family, say): their limits accumulate.
-    sink = schema.ParquetSink(args.out / "limits.parquet", schema.limits_schema(),
-                              keep_existing=True)
+    sink = schema.ParquetSink(out / "limits.parquet", schema.limits_schema(), keep_existing=True)
     for row in limit_rows:
         sink.append(row)
         if row["value"] is not None:
             print(f"  {row['metric']:<12} {row['precision']:<5} {row['value']:10.1f} {row['unit']}")
-
-    paths = sweep.run(problems, args.out, device, meta, limit_rows,
-                      progress=not args.no_progress)
+    paths = sweep.run(problems, out, device, meta, limit_rows,
+                      progress=not args.no_progress and on_row is None, on_row=on_row)
     n_rows = sum(schema.read(path)["run_id"].eq(meta["run_id"]).sum() for path in paths.values())
     start = next(r for r in runs.rows if r["run_id"] == meta["run_id"])
-    end = machine.run_record(meta, device, "end", argv_, status="finished", families=families,
-                             rows=int(n_rows),
+    end = machine.run_record(meta, device, "end", args.argv, status="finished",
+                             families=families, rows=int(n_rows),
                              finished_at=dt.datetime.now(dt.timezone.utc).isoformat(
                                  timespec="seconds"))
     runs.upsert({**start, **{k: v for k, v in end.items() if v is not None or k not in start}})
+    return paths
+
+
+def main(argv=None) -> int:
+    args, problems = parse(argv)
+    if args.workers > 1:
+        from . import workers
+
+        paths = workers.run(args, problems)
+    else:
+        paths = measure(args, problems, args.out, torch.device(args.device))
     for family, path in paths.items():
         print(summary.table(schema.read(path)))
         print(f"-> {path}")

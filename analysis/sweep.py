@@ -246,17 +246,19 @@ def limits_lookup(limit_rows: list[dict]) -> dict:
     return {(r["metric"], r["precision"]): r["value"] for r in limit_rows if r["value"]}
 
 
-def run(problems: list[Problem], out_dir: Path, device: torch.device, meta: dict,
-        limit_rows: list[dict], progress: bool = True, trials: int = TRIALS) -> dict[str, Path]:
+def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: list[dict],
+        progress: bool = True, trials: int = TRIALS, on_row=None) -> dict[str, Path]:
     """Every problem in turn: its variants checked against float64, then timed in `trials` rounds,
     each round on fresh random inputs, every variant once per round (the order rotated), so that
     a slow drift of the GPU (clocks, temperature) spreads over all of them rather than falling on
-    one. A variant's row is written once its trials are done; failures at once."""
+    one. A variant's row is written once its trials are done; failures at once. `problems` may be
+    an iterator (a worker's share, taken from a queue); `on_row()` is called after each row."""
     limits = limits_lookup(limit_rows)
     sinks: dict[str, schema.ParquetSink] = {}
-    total = sum(len(p.variants) for p in problems)
     bar = None
     if progress:
+        problems = list(problems)
+        total = sum(len(p.variants) for p in problems)
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="cfg", dynamic_ncols=True,
@@ -277,6 +279,8 @@ def run(problems: list[Problem], out_dir: Path, device: torch.device, meta: dict
             sink.append(dict(meta, **row))
             if bar is not None:
                 bar.update()
+            if on_row is not None:
+                on_row()
         _release(device)
     if bar is not None:
         bar.close()

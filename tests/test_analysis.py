@@ -442,3 +442,21 @@ def test_profile_parses_a_recorded_ncu_run():
     assert read["triton_fused"] == pytest.approx(3 * 256, rel=0.01)
     assert read["triton_unfused"] == pytest.approx(4 * 256, rel=0.01)
     json.dumps(rows.to_dict("records"))  # plain values
+
+
+def test_workers_share_the_problems_and_merge(tmp_path):
+    """--workers 2: each configuration measured once, by one of two processes (each its own run,
+    limits and run record), merged into the folder as one run's files; no parts left behind."""
+    out = tmp_path / "run"
+    assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
+                     "--workers", "2", "--no-progress"]) == 0
+    df = pd.read_parquet(out / "elementwise.parquet")
+    expected = sum(len(p.variants) for p in cli.FAMILIES["elementwise"]("smoke"))
+    keys = ["op", "impl", "dtype", "n", "z_kind", "sweep", "block"]
+    assert len(df) == expected and not df.duplicated(keys).any()
+    assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["impl", "error"]]
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert len(runs) == 2 and (runs["status"] == "finished").all()
+    assert set(df["run_id"]) <= set(runs["run_id"]) and runs["rows"].sum() == len(df)
+    assert set(pd.read_parquet(out / "limits.parquet")["run_id"]) == set(runs["run_id"])
+    assert not (out / ".parts").exists()

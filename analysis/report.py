@@ -218,7 +218,7 @@ def mixture(results: Path) -> dict:
                 unclean=unclean, families=families, runs=int(rows["run_id"].nunique()))
 
 
-def _short(commit: str) -> str:
+def short_commit(commit: str) -> str:
     dirty = commit.endswith("-dirty")
     return commit.removesuffix("-dirty")[:12] + ("-dirty" if dirty else "")
 
@@ -229,7 +229,7 @@ def mixture_note(results: Path) -> "Markdown":
     if not m["mixed"]:
         return Markdown("")
     parts = [f"Its rows come from {m['runs']} runs at {len(m['commits'])} commits "
-             f"({', '.join(_short(c) for c in m['commits'])})"]
+             f"({', '.join(short_commit(c) for c in m['commits'])})"]
     if m["unclean"]:
         parts.append(f"{len(m['unclean'])} of these commits marked as a tree with uncommitted "
                      "changes or as unknown")
@@ -261,7 +261,7 @@ def gpu_states(results: Path) -> pd.DataFrame:
         "SM MHz": pair(r._asdict(), "sm_clock_mhz", "sm_clock_max_mhz"),
         "memory MHz": pair(r._asdict(), "mem_clock_mhz", "mem_clock_max_mhz"),
         "power limit W": r.power_limit_w_start, "°C": pair(r._asdict(), "temp_c"),
-        "commit": _short(str(r.git_commit)) + ("" if r.git_clean else " (not clean)")}
+        "commit": short_commit(str(r.git_commit)) + ("" if r.git_clean else " (not clean)")}
         for r in runs.itertuples(index=False)])
 
 

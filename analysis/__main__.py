@@ -109,9 +109,6 @@ def select_problems(args) -> list[sweep.Problem]:
 def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dict[str, Path]:
     """One process on one device: its run record, its limits, then the problems (a list, or an
     iterator that a worker fills from the shared queue) into `out`."""
-    # Inductor compiles in a pool of worker processes (max-autotune's many Triton templates in
-    # parallel). Safe for the timings: the runner compiles every variant of a problem in its check,
-    # before any of them is timed, and a compile returns only when its pool work is done.
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     out.mkdir(parents=True, exist_ok=True)

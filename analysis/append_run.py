@@ -4,8 +4,8 @@ folder (e.g. rows measured alone with `--op` to the committed reference).
 Every family file of RUN is appended to INTO's, both brought to the current schema (shape columns
 added since a file was written take the value its rows had: `schema.ADDED_SHAPE_DEFAULTS`), and
 RUN's limits to INTO's limits.parquet, so that the new rows find the copy bandwidth of their own
-run (and its run records, runs.parquet, to INTO's). Nothing is replaced: a run already in INTO, or a row that repeats a configuration INTO
-already holds, is refused (remove old rows deliberately, by hand, if they are to be replaced).
+run (and its run records, runs.parquet, to INTO's). Nothing is replaced: a run already in INTO,
+or a row that repeats a configuration INTO already holds, is refused (remove old rows deliberately, by hand, if they are to be replaced).
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def merged_family(run: Path, into: Path, family: str) -> pa.Table:
     return _concat(old, new, schema.family_schema(family))
 
 
-def merged_limits(run: Path, into: Path, name: str = "limits") -> pa.Table:
+def merged_by_run(run: Path, into: Path, name: str = "limits") -> pa.Table:
     """INTO's limits (or run records, name "runs") followed by those of RUN's runs that INTO does
     not have yet."""
     arrow_schema = schema.limits_schema() if name == "limits" else schema.runs_schema()
@@ -113,9 +113,9 @@ def append_run(run: Path, into: Path) -> dict[str, int]:
     if not families or not (run / "limits.parquet").exists():
         raise FileNotFoundError(f"{run} holds no family's rows and limits.parquet to append")
     merged = {f: merged_family(run, into, f) for f in families}
-    merged["limits"] = merged_limits(run, into)
+    merged["limits"] = merged_by_run(run, into)
     if (run / "runs.parquet").exists():  # runs from before run records have none
-        merged["runs"] = merged_limits(run, into, "runs")
+        merged["runs"] = merged_by_run(run, into, "runs")
     added = {}
     for name, table in merged.items():
         target = into / f"{name}.parquet"

@@ -183,11 +183,11 @@ def measure_limits(device: torch.device, meta: dict) -> list[dict]:
     rows.append(dict(meta, metric="copy_bw", dtype="float32", precision="ieee",
                      value=2 * src.nbytes / t["ms_median"] / 1e6, unit="GB/s",
                      detail=f"torch copy_ of {src.nbytes >> 20} MiB, median of {t['n_reps']}"))
-    # Three reads and one write, the add-mul pattern: a read-heavy stream reaches more than
-    # the copy (DRAM turns around less often), so it is the ceiling of kernels that mostly read.
     del src, dst
-    a, b, c = (torch.randn(n, device=device) for _ in range(3))  # 4 GiB in all: past the
-    # sizes where bandwidth still climbs with size (a 1 GiB stream reads 1-2% slower)
+    # Three reads and one write, the add-mul pattern: a read-heavy stream reaches more than the
+    # copy (DRAM turns around less often), so it is the ceiling of kernels that mostly read.
+    # 4 GiB in all: past the sizes where bandwidth still climbs (1 GiB reads 1-2% slower).
+    a, b, c = (torch.randn(n, device=device) for _ in range(3))
     out = torch.empty_like(a)
     t = bench(lambda: torch.addcmul(a, b, c, out=out), device, rep_ms=LIMIT_REP_MS)
     rows.append(dict(meta, metric="stream_bw", dtype="float32", precision="ieee",

@@ -189,9 +189,10 @@ NOT_FAMILY_FILES = ("limits", "runs", "profile")
 
 
 def family_rows(results: Path) -> pd.DataFrame:
-    """Every row of every family file in a results folder (a column some files lack is empty
-    in their rows)."""
-    frames = [pd.read_parquet(path) for path in sorted(Path(results).glob("*.parquet"))
+    """Every row of every family file in a results folder, `data` naming its file (a column
+    some files lack is empty in their rows)."""
+    frames = [pd.read_parquet(path).assign(data=path.stem)
+              for path in sorted(Path(results).glob("*.parquet"))
               if path.stem not in NOT_FAMILY_FILES]
     if not frames:
         return pd.DataFrame()
@@ -269,8 +270,9 @@ def trial_spread(df: pd.DataFrame, split_ms: float = 0.05) -> dict:
     """Run-to-run spread of timed rows measured in several trials: highest over lowest trial
     median, median and 95th percentile, for rows above and below `split_ms`; `n` counts rows."""
     out = {}
-    if "n_trials" not in df:
-        df = df.assign(n_trials=float("nan"))
+    if not len(df) or "n_trials" not in df:
+        return dict(long=dict(n=0, median=float("nan"), p95=float("nan")),
+                    short=dict(n=0, median=float("nan"), p95=float("nan")), trials=0)
     ok = df[(df["status"] == "ok") & (df["n_trials"] >= 2)
             & ~df["gpu"].astype(str).str.startswith("cpu")]  # the interpreter's clock: no time
     for name, part in (("long", ok[ok["ms_median"] >= split_ms]),

@@ -11,6 +11,7 @@ error text, the GPU memory is freed, and the sweep goes on.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import statistics
@@ -224,22 +225,11 @@ def finish_row(problem: Problem, variant: Variant, err: float, trials: list[dict
 
 def measure(problem: Problem, variant: Variant, inputs, ref, device, limits,
             trials: int = TRIALS) -> dict:
-    """One variant alone: checked, timed in `trials` trials on the same inputs, its row (the
-    runner interleaves the variants of a problem instead, see `run`)."""
-    err = check(problem, variant, inputs, ref, device)
-    if isinstance(err, dict):
-        return err
-    try:
-        timed = [bench(lambda: variant.fn(*inputs), device) for _ in range(trials)]
-        peak = peak_mib(lambda: variant.fn(*inputs), device)
-    except Exception as exc:  # noqa: BLE001
-        _release(device)
-        return _failure_row(_base(problem, variant), exc)
-    ms_dev = None
-    if problem.graph:
-        graph_fn = variant.graph_fn or variant.fn
-        ms_dev = device_ms(lambda: graph_fn(*inputs), device, estimate_ms=timed[0]["ms_median"])
-    return finish_row(problem, variant, err, timed, peak, ms_dev, limits)
+    """One variant alone on given inputs and reference: its row, obtained as the runner obtains
+    every row (`_run_problem`), the same inputs in every trial."""
+    alone = dataclasses.replace(problem, variants=[variant], make_inputs=lambda _: inputs,
+                                reference=lambda *_: ref)
+    return next(_run_problem(alone, device, limits, trials))
 
 
 def limits_lookup(limit_rows: list[dict]) -> dict:
@@ -255,6 +245,7 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
     an iterator (a worker's share, taken from a queue); `on_row()` is called after each row."""
     limits = limits_lookup(limit_rows)
     sinks: dict[str, schema.ParquetSink] = {}
+    hashes: dict[str, str] = {}  # family -> kernel hash, once per run
     bar = None
     if progress:
         problems = list(problems)
@@ -270,7 +261,6 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
                 Path(out_dir) / f"{problem.family}.parquet", schema.family_schema(problem.family))
         if bar is not None:
             bar.set_description(f"{problem.op} {problem.shape}"[:60])
-        hashes = {}
         for row in _run_problem(problem, device, limits, trials):
             if row["impl"].startswith("triton"):
                 if problem.family not in hashes:

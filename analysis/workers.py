@@ -96,6 +96,6 @@ def merge(parts: list[Path], out: Path) -> dict[str, Path]:
     for part in parts:
         for name in ("limits", "runs"):
             if (part / f"{name}.parquet").exists():
-                append_run._write(append_run.merged_limits(part, out, name),
+                append_run._write(append_run.merged_by_run(part, out, name),
                                   out / f"{name}.parquet")
     return paths

@@ -155,9 +155,8 @@ def worker(case_index: int, order_file: Path) -> None:
     marker, flag = _marker_kernel(), torch.zeros(1, device=device)
     marker[(1,)](flag)
     ready, failed = profiled_variants(problem), {}
-    # Two rounds of warm-up: compile, autotune, build what the profiled calls reuse. A second
-    # torch.compile of the same function resets Dynamo (sweep.Compiled), so the first one
-    # compiles again at its next call: in the second round, not in the profiled window.
+    # Two rounds of warm-up (compile, autotune, build what the profiled calls reuse; the second
+    # round catches anything that a first call left to the next one).
     for _ in range(2):
         for v in list(ready):
             try:

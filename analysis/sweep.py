@@ -78,16 +78,16 @@ MAX_AUTOTUNE = "max-autotune-no-cudagraphs"
 
 class Compiled:
     """`torch.compile(fn, dynamic=False, mode=mode)`, compiled at the first call (inside the
-    runner's measured try-block, so a compile failure becomes a row), after a Dynamo reset: no
-    problem inherits another problem's graphs or hits the recompile limit and silently falls back
-    to eager."""
+    runner's measured try-block, so a compile failure becomes a row). The runner resets Dynamo
+    before each problem (not here: a reset drops the graphs of the problem's other compiled
+    variants, which would then compile again), so no problem inherits another problem's graphs or
+    hits the recompile limit and silently falls back to eager."""
 
     def __init__(self, fn: Callable, mode: str | None = None):
         self.source, self.mode, self.fn = fn, mode, None
 
     def __call__(self, *args):
         if self.fn is None:
-            torch._dynamo.reset()
             self.fn = torch.compile(self.source, dynamic=False, mode=self.mode)
         return self.fn(*args)
 
@@ -280,6 +280,7 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
 def _run_problem(problem: Problem, device, limits: dict, trials: int):
     """Yields the rows of one problem: failures as they happen, the timed rows after the last
     trial."""
+    torch._dynamo.reset()  # this problem's compiled variants start from nothing (see Compiled)
     try:
         inputs = problem.make_inputs(device)
         ref = problem.reference(*to_float64(inputs))

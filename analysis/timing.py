@@ -1,24 +1,33 @@
 """Timing and peak memory, the way every number in the data is obtained.
 
-On CUDA: `triton.testing.do_bench` (warm-up first, L2 flushed before every repetition, device
-events around each call), keeping all samples (`times`) with their median, mean, std and min;
-the sweep calls it once per trial.
+On CUDA: `bench` times one trial the way `triton.testing.do_bench` does (the L2 flushed before
+every repetition, device events around each call, the first calls discarded as warm-up), keeping
+all samples (`times`) with their median, mean, std and min; the sweep calls it once per trial.
+Unlike do_bench it stops early once the median has settled: at least MIN_REPS repetitions, then
+chunks of about CHUNK_MS until the 95% interval of the median is within SETTLED of it, or REP_MS
+of repetitions were run (do_bench's count, where every run would end).
 `device_ms` takes the host out: the calls replayed from a CUDA graph, L2 flushed before each,
 each timed by events inside the graph. On the CPU (the interpreter smoke run) one wall-clock
 call per trial: pipeline checks, not numbers.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 import torch
 
-WARMUP_MS = 25
-REP_MS = 40  # per trial; the sweep times each configuration in sweep.TRIALS trials
+WARMUP_MS = 10  # per trial, after the calls that estimate the time of one
+REP_MS = 40  # per trial at most; the sweep times each configuration in sweep.TRIALS trials
+MIN_REPS = 20
+CHUNK_MS = 5
+SETTLED = 0.005  # the median's 95% interval within +-0.5% of it
 FLUSH_BYTES = 256 * 2**20  # what do_bench writes to flush the L2 (50 MB on an H100)
 DEVICE_REPS = (10, 200)  # calls per graph: at least, at most
-DEVICE_GRAPH_MS = 40  # aim for about this much GPU work per graph replay
+DEVICE_GRAPH_MS = 20  # aim for about this much GPU work per graph replay
+
+_flush_buffers: dict = {}
 
 
 def summarize(times_ms: list[float]) -> dict:
@@ -32,15 +41,68 @@ def summarize(times_ms: list[float]) -> dict:
     )
 
 
-def bench(fn, device: torch.device, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> dict:
-    if device.type == "cuda":
-        from triton.testing import do_bench
+def median_settled(times_ms: list[float], within: float = SETTLED) -> bool:
+    """Whether the distribution-free 95% interval of the median (order statistics n/2 -+
+    0.98 sqrt(n)) lies within `within` of the median, relatively."""
+    x = sorted(times_ms)
+    n = len(x)
+    half = 0.98 * math.sqrt(n)
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    med = statistics.median(x)
+    return med > 0 and (x[hi] - x[lo]) / 2 <= within * med
 
-        times = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-    else:  # the interpreter: one wall-clock call (the pipeline's check, not a number)
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    key = torch.cuda.current_device() if device.index is None else device.index
+    buf = _flush_buffers.get(key)
+    if buf is None:
+        buf = _flush_buffers[key] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32,
+                                                   device=device)
+    return buf
+
+
+def _timed(fn, cache: torch.Tensor, n: int) -> list[float]:
+    """n calls, the L2 flushed before each, each between two events: their times in ms."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for start, end in zip(starts, ends):
+        cache.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def bench(fn, device: torch.device, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS,
+          min_reps: int = MIN_REPS) -> dict:
+    if device.type != "cuda":  # the interpreter: one wall-clock call (the pipeline's check)
         t0 = time.perf_counter()
         fn()
-        times = [(time.perf_counter() - t0) * 1e3]
+        return summarize([(time.perf_counter() - t0) * 1e3])
+    with torch.cuda.device(device):
+        cache = _flush_buffer(device)
+        fn()  # a first call compiles, autotunes, allocates: never timed
+        torch.cuda.synchronize()
+        # As do_bench: the time of one call and its flush, from 5 of them.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            cache.zero_()
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = max(start.elapsed_time(end) / 5, 1e-4)
+        for _ in range(max(1, int(warmup_ms / estimate))):
+            fn()
+        most = max(1, int(rep_ms / estimate))
+        chunk = max(1, int(CHUNK_MS / estimate))
+        times: list[float] = []
+        while len(times) < most:
+            want = min_reps - len(times) if len(times) < min_reps else chunk
+            times += _timed(fn, cache, max(1, min(want, most - len(times))))
+            if len(times) >= min_reps and median_settled(times):
+                break
     return summarize(times)
 
 

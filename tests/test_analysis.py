@@ -106,6 +106,49 @@ def test_trials_are_interleaved_on_fresh_inputs(tmp_path, device):
     assert pd.isna(rows.set_index("impl").loc["torch_eager", "kernel_hash"])
 
 
+def test_compiled_variants_of_one_problem_compile_once_each(tmp_path, device):
+    """Two compiled variants of one function in one problem: each traced once over the check and
+    every trial (a Dynamo reset between them would drop the first one's graph and compile it
+    again); the next problem starts afresh."""
+    from triton_fusion_report.analysis.sweep import MAX_AUTOTUNE, Compiled
+
+    from torch._dynamo.utils import counters
+
+    def f(x):
+        return x * 2
+
+    def traced():
+        return counters["stats"]["unique_graphs"]
+
+    def problem(n):
+        return Problem(
+            family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
+            shape=dict(n=n, z_kind="scalar"), make_inputs=lambda d: (torch.randn(n, device=d),),
+            reference=lambda x: x * 2, bytes_model=64, flops_model=8, tolerance=1e-6,
+            graph=False, variants=[Variant("torch_compile", Compiled(f)),
+                                   Variant("torch_compile_max", Compiled(f, MAX_AUTOTUNE))])
+    meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
+                triton="y", cuda="z")
+    before = traced()
+    run([problem(8)], tmp_path, device, meta, [], progress=False, trials=3)
+    assert traced() - before == 2
+    run([problem(8)], tmp_path, device, meta, [], progress=False, trials=1)
+    assert traced() - before == 4  # a new problem: compiled afresh, not served by the last one's graphs
+    rows = pd.read_parquet(tmp_path / "elementwise.parquet")
+    assert (rows["status"] == "ok").all()
+
+
+def test_median_settled():
+    from triton_fusion_report.analysis.timing import median_settled
+
+    steady = [1.0 + 0.001 * (i % 5) for i in range(20)]
+    assert median_settled(steady)
+    noisy = [1.0 + 0.1 * (i % 5) for i in range(20)]
+    assert not median_settled(noisy)
+    # Outliers beyond the median's interval do not keep it from settling.
+    assert median_settled(steady[:17] + [5.0, 9.0, 0.2])
+
+
 def test_failures_become_rows(tmp_path, device):
     def wrong(x):
         return x * 3

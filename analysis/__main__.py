@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import random
 import sys
 from pathlib import Path
+
+# Autotuning results kept on disk, as Inductor and Triton keep compiled kernels (in
+# /tmp/torchinductor_$USER and ~/.triton/cache): a second run on the same machine skips the
+# compiling and tuning of the first (FlagGems' kernels autotune at every new shape).
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 import torch
 

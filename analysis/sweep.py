@@ -310,7 +310,9 @@ def _run_problem(problem: Problem, device, limits: dict, trials: int):
             variant, st = problem.variants[i], state[i]
             t0 = time.perf_counter()
             try:
-                st["trials"].append(bench(lambda: variant.fn(*inputs), device))
+                known = st["trials"][-1].get("estimate_ms") if st["trials"] else None
+                st["trials"].append(bench(lambda: variant.fn(*inputs), device,
+                                          estimate_ms=known))
                 if trial == 0:
                     st["peak"] = peak_mib(lambda: variant.fn(*inputs), device)
                     if problem.graph:

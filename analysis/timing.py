@@ -75,24 +75,21 @@ def _timed(fn, cache: torch.Tensor, n: int) -> list[float]:
 
 
 def bench(fn, device: torch.device, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS,
-          min_reps: int = MIN_REPS) -> dict:
+          min_reps: int = MIN_REPS, estimate_ms: float | None = None) -> dict:
+    """One trial. `estimate_ms`: the time of one call with its flush, known from an earlier
+    trial of the same call: the first call and the five that estimate it are then skipped (the
+    warm-up still runs)."""
     if device.type != "cuda":  # the interpreter: one wall-clock call (the pipeline's check)
         t0 = time.perf_counter()
         fn()
         return summarize([(time.perf_counter() - t0) * 1e3])
     with torch.cuda.device(device):
         cache = _flush_buffer(device)
-        fn()  # a first call compiles, autotunes, allocates: never timed
-        torch.cuda.synchronize()
-        # As do_bench: the time of one call and its flush, from 5 of them.
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            cache.zero_()
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        estimate = max(start.elapsed_time(end) / 5, 1e-4)
+        if estimate_ms is None:
+            fn()  # a first call compiles, autotunes, allocates: never timed
+            torch.cuda.synchronize()
+            estimate_ms = flushed_call_ms(fn, cache)
+        estimate = max(estimate_ms, 1e-4)
         for _ in range(max(1, int(warmup_ms / estimate))):
             fn()
         most = max(1, int(rep_ms / estimate))
@@ -103,7 +100,21 @@ def bench(fn, device: torch.device, warmup_ms: float = WARMUP_MS, rep_ms: float 
             times += _timed(fn, cache, max(1, min(want, most - len(times))))
             if len(times) >= min_reps and median_settled(times):
                 break
-    return summarize(times)
+    out = summarize(times)
+    out["estimate_ms"] = estimate
+    return out
+
+
+def flushed_call_ms(fn, cache: torch.Tensor) -> float:
+    """As do_bench estimates: the time of one call and its flush, from 5 of them."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 5
 
 
 def peak_mib(fn, device: torch.device) -> float | None:

@@ -20,8 +20,10 @@ REFERENCE ?= results/reference/h100
 RUN_ID := $(shell date -u +%Y%m%dT%H%M%SZ)
 # Where `make bench` writes (fresh runs live under results/runs/, ignored by git).
 BENCH_OUT ?= results/runs/$(RUN_ID)
-# What `make render` reads.
+# What `make render` reads: one results folder, or several (the first is the chapters'; the
+# synthesis compares the GPUs of all), e.g. RESULTS="results/reference/h100 results/reference/h200".
 RESULTS ?= $(REFERENCE)
+SPACE := $(subst ,, )
 BENCH_ARGS ?=
 OUTPUT_DIR := _output
 BOOK_PDF := kernel-fusion-in-triton.pdf
@@ -34,7 +36,7 @@ HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## /  make \1\t/' | expand -t 20
-	@echo "Variables: PYTHON=<interpreter> (reuse one, install nothing), RESULTS=<dir> (render),"
+	@echo "Variables: PYTHON=<interpreter> (reuse one, install nothing), RESULTS='<dir> ...' (render),"
 	@echo "           BENCH_OUT=<dir>, BENCH_ARGS='--grid smoke --family elementwise' (bench)"
 
 setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependencies (once)
@@ -83,14 +85,14 @@ NO_QUARTO := Quarto (>= 1.4) is needed to render the report, and none was found 
 	installed: install it (https://quarto.org/docs/get-started/, or 'pip install quarto-cli' where \
 	PyPI is reachable), put it on the PATH, and run this again.
 
-render: setup ## render the book (_output/index.html and one PDF) from RESULTS (default: the reference)
-	@test -f $(RESULTS)/limits.parquet || { echo "render: no results in $(RESULTS)"; exit 1; }
+render: setup ## render the book from RESULTS (default: the reference; several folders: the synthesis compares their GPUs)
+	@for r in $(RESULTS); do test -f $$r/limits.parquet || { echo "render: no results in $$r"; exit 1; }; done
 	@$(FIND_QUARTO); \
 	if [ -z "$$q" ]; then echo "render: $(NO_QUARTO)"; exit 1; fi; \
 	echo "render: $$q, results from $(RESULTS)"; \
 	rm -rf $(OUTPUT_DIR); \
 	py=$$(case "$(RUN_PY)" in */*) echo "$(abspath $(RUN_PY))";; *) command -v $(RUN_PY);; esac); \
-	cd report && FUSION_RESULTS=$(abspath $(RESULTS)) QUARTO_PYTHON=$$py "$$q" render && \
+	cd report && FUSION_RESULTS=$(subst $(SPACE),:,$(strip $(abspath $(RESULTS)))) QUARTO_PYTHON=$$py "$$q" render && \
 	echo "report: $(OUTPUT_DIR)/index.html and $(OUTPUT_DIR)/$(BOOK_PDF)"
 
 test-report: setup ## render the book from RESULTS and test the output (links, cross-references, figures, PDF)
@@ -99,7 +101,7 @@ test-report: setup ## render the book from RESULTS and test the output (links, c
 	  if [ "$${CI:-}" = true ]; then echo "test-report: FAILED (CI=true): $(NO_QUARTO)"; exit 1; fi; \
 	  echo "test-report: SKIPPED: $(NO_QUARTO)"; exit 0; \
 	fi; \
-	PATH=$$(dirname $$q):$$PATH $(MAKE) --no-print-directory render RESULTS=$(RESULTS) && \
+	PATH=$$(dirname $$q):$$PATH $(MAKE) --no-print-directory render RESULTS="$(RESULTS)" && \
 	RENDERED_OUTPUT=$(abspath $(OUTPUT_DIR)) $(RUN_PY) -m pytest -q tests/test_rendered.py
 
 report: setup ## GPU: test, bench, render the fresh run. No GPU: render the committed reference

@@ -31,16 +31,31 @@ IMPL_LABEL = {
 }
 
 
+def results_dirs(results: str | os.PathLike | None = None) -> list[Path]:
+    """Every folder a render shows: the `results` parameter if given, else $FUSION_RESULTS (set
+    by `make render`; several folders separated by os.pathsep), else the committed reference
+    measured on an H100. The chapters read the first; the synthesis compares them all."""
+    chosen = str(results or os.environ.get("FUSION_RESULTS") or REFERENCE)
+    paths = []
+    for item in filter(None, chosen.split(os.pathsep)):
+        path = Path(item)
+        if not path.is_absolute():
+            path = ROOT / path
+        if not (path / "limits.parquet").exists():
+            raise FileNotFoundError(f"no results in {path} (limits.parquet missing)")
+        paths.append(path)
+    return paths
+
+
 def results_dir(results: str | os.PathLike | None = None) -> Path:
-    """The folder a chapter reads: the `results` parameter if given, else $FUSION_RESULTS (set by
-    `make render`), else the committed reference measured on an H100."""
-    chosen = results or os.environ.get("FUSION_RESULTS") or REFERENCE
-    path = Path(chosen)
-    if not path.is_absolute():
-        path = ROOT / path
-    if not (path / "limits.parquet").exists():
-        raise FileNotFoundError(f"no results in {path} (limits.parquet missing)")
-    return path
+    """The folder the chapters read: the first of `results_dirs`."""
+    return results_dirs(results)[0]
+
+
+def gpu_of(results: Path) -> str:
+    """The GPU a folder's limits were measured on (the most frequent, where runs differ)."""
+    gpus = pd.read_parquet(Path(results) / "limits.parquet", columns=["gpu"])["gpu"]
+    return str(gpus.mode().iloc[0]) if len(gpus) else "unknown GPU"
 
 
 def data_file(results: Path, name: str) -> Path:

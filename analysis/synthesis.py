@@ -413,3 +413,80 @@ def launch_findings(lc: pd.DataFrame) -> dict:
                 commit=str(lc["git_commit"].iloc[0]), gpu=str(lc["gpu"].iloc[0]),
                 date=str(lc["started_at"].iloc[0])[:10], torch=str(lc["torch"].iloc[0]),
                 triton=str(lc["triton"].iloc[0]))
+
+
+# --- several GPUs ------------------------------------------------------------------------------
+
+MEMORY_BOUND_FLOP_PER_BYTE = 10  # below this a family's headline is bound by bandwidth
+GPU_COLUMNS = ["gpu", "folder", "copy GB/s", "fp16 TFLOP/s", "family", "case", "FLOP/byte",
+               "fused ms", "vs Triton unfused", "vs eager", "vs torch.compile", "_family"]
+
+
+def gpu_comparison(folders: list) -> pd.DataFrame:
+    """Per results folder (one GPU each) and family measured there (never the reference's rows
+    that `R.load` falls back to): the GPU, its measured copy bandwidth and fp16 matmul peak, and
+    the fused kernel's time and speedups at the family's headline size."""
+    rows = []
+    for folder in folders:
+        limits = R.load_limits(folder)
+        own = pd.read_parquet(folder / "limits.parquet")
+        latest = own["run_id"].max()
+        frames = {}
+        for name in FAMILY_LABEL:
+            df = R.load(folder, name)
+            if len(df) and not df.attrs["from_reference"] and not df.attrs["on_cpu"]:
+                frames[name] = df
+        table = headline_table(frames, limits)
+        for _, t in table.iterrows():
+            rows.append({"gpu": R.gpu_of(folder), "folder": folder.name,
+                         "copy GB/s": R.limit(limits, "copy_bw", "ieee", latest),
+                         "fp16 TFLOP/s": R.limit(limits, "matmul_peak", "fp16", latest),
+                         **{k: t[k] for k in ("family", "case", "FLOP/byte", "fused ms",
+                                              "vs Triton unfused", "vs eager",
+                                              "vs torch.compile", "_family")}})
+    return pd.DataFrame(rows, columns=GPU_COLUMNS)
+
+
+def gpu_comparison_display(cmp: pd.DataFrame) -> pd.DataFrame:
+    """One row per family and case, one column group per GPU: fused ms and the speedup over the
+    unfused Triton version and over eager."""
+    out = None
+    for gpu, g in cmp.groupby("gpu", sort=False):
+        cols = g.set_index(["family", "case"])[["fused ms", "vs Triton unfused", "vs eager"]]
+        cols.columns = [f"{c} ({gpu.replace('NVIDIA ', '')})" for c in
+                        ("fused ms", "× unfused", "× eager")]
+        out = cols if out is None else out.join(cols, how="inner")
+    return pd.DataFrame() if out is None else out.reset_index()
+
+
+def bandwidth_finding(cmp: pd.DataFrame) -> str:
+    """Does fusion pay more where bandwidth is higher? The memory-bound families' fused-over-
+    unfused speedup on the GPU with the higher copy bandwidth against the other, from the data."""
+    gpus = cmp.drop_duplicates("gpu").sort_values("copy GB/s")
+    if len(gpus) < 2 or gpus["copy GB/s"].isna().any():
+        return ("One GPU in this render: `make render RESULTS=\"a b\"` with results folders of "
+                "two GPUs compares them here.")
+    low, high = gpus.iloc[0], gpus.iloc[-1]
+    mb = cmp[cmp["FLOP/byte"] < MEMORY_BOUND_FLOP_PER_BYTE]
+    both = mb.pivot_table(index="family", columns="gpu", values="vs Triton unfused")
+    both = both.dropna(subset=[low["gpu"], high["gpu"]]) if len(both) else both
+    head = (f"{high['gpu']} copies at {high['copy GB/s']:,.0f} GB/s, {low['gpu']} at "
+            f"{low['copy GB/s']:,.0f} ({high['copy GB/s'] / low['copy GB/s']:.2f}×).")
+    if not len(both):
+        return head + " No memory-bound family was measured on both."
+    ratio = both[high["gpu"]] / both[low["gpu"]]
+    parts = ", ".join(f"{fam} {both.loc[fam, low['gpu']]:.2f}× → {both.loc[fam, high['gpu']]:.2f}×"
+                      for fam in both.index)
+    verdict = ("pays about as much on both" if 0.95 <= ratio.median() <= 1.05 else
+               "pays more on the faster memory" if ratio.median() > 1.05 else
+               "pays less on the faster memory")
+    why = ("Both versions are bound by the same bandwidth, so the bytes fusion removes are worth "
+           "the same share of the time on either GPU; the time saved shrinks with the bandwidth."
+           if verdict.startswith("pays about") else
+           "The model expects the same ratio on both (both versions are bound by the same "
+           "bandwidth): a difference says that one of them falls short of the bandwidth on one "
+           "GPU (launch costs at small sizes, a plan tuned on the other GPU).")
+    return (f"{head} Over the unfused Triton version, the memory-bound fused kernels went "
+            f"{parts} (lower → higher bandwidth): fusion {verdict} (median ratio "
+            f"{ratio.median():.2f}). {why}")
+

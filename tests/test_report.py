@@ -306,3 +306,53 @@ def test_synthesis_keeps_the_softmax_forward(tmp_path):
     (head, pvm), (head_b, pvm_b) = tables(old), tables(_folder_with_softmax_backward(tmp_path))
     assert len(head) == 1 and len(pvm) > 0
     assert head.equals(head_b) and pvm.equals(pvm_b)
+
+
+def _faster_gpu_copy(tmp_path, families=("elementwise",), speed=1.4):
+    """A results folder as if a GPU with `speed` times the bandwidth had run the reference's
+    `families`: its limits and rows with the GPU renamed, bandwidth up and times down by `speed`."""
+    import pandas as pd
+
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    limits = pd.read_parquet(R.REFERENCE / "limits.parquet")
+    limits["gpu"] = "NVIDIA H200"
+    limits.loc[limits["metric"] == "copy_bw", "value"] *= speed
+    limits.to_parquet(folder / "limits.parquet")
+    for family in families:
+        df = pd.read_parquet(R.REFERENCE / f"{family}.parquet")
+        df["gpu"] = "NVIDIA H200"
+        for col in ("ms_median", "ms_device"):
+            df[col] = df[col] / speed
+        df.to_parquet(folder / f"{family}.parquet")
+    return folder
+
+
+def test_several_results_folders(tmp_path, monkeypatch):
+    """`make render RESULTS="a b"`: the chapters read the first folder, the synthesis compares
+    the GPUs of all, each with its own rows only (never the reference's that a chapter falls
+    back to)."""
+    from triton_fusion_report.analysis import synthesis as S
+
+    other = _faster_gpu_copy(tmp_path)
+    both = f"{R.REFERENCE}{os.pathsep}{other}"
+    assert R.results_dirs(both) == [R.REFERENCE, other]
+    monkeypatch.setenv("FUSION_RESULTS", both)
+    assert R.results_dir() == R.REFERENCE
+    with pytest.raises(FileNotFoundError):
+        R.results_dirs(f"{R.REFERENCE}{os.pathsep}{tmp_path / 'none'}")
+    cmp = S.gpu_comparison(R.results_dirs())
+    assert set(cmp[cmp["gpu"] == "NVIDIA H200"]["_family"]) == {"elementwise"}
+    shown = S.gpu_comparison_display(cmp)
+    assert len(shown) == 1 and any("H200" in c for c in shown.columns)
+    said = S.bandwidth_finding(cmp)
+    assert "1.40×" in said and "about as much" in said
+    assert "One GPU" in S.bandwidth_finding(S.gpu_comparison([R.REFERENCE]))
+    # The whole synthesis chapter runs on the pair.
+    monkeypatch.chdir(R.ROOT / "report")
+    namespace = {"__name__": "__main__"}
+    for cell in cells((R.ROOT / "report" / "synthesis.qmd").read_text()):
+        value = run_cell(cell.code, namespace)
+        if cell.options.get("label") == "tbl-gpus":
+            assert "H200" in value._repr_markdown_()
+    plt.close("all")

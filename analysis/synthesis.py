@@ -453,7 +453,7 @@ def gpu_comparison_display(cmp: pd.DataFrame) -> pd.DataFrame:
     out = None
     for gpu, g in cmp.groupby("gpu", sort=False):
         cols = g.set_index(["family", "case"])[["fused ms", "vs Triton unfused", "vs eager"]]
-        cols.columns = [f"{c} ({gpu.replace('NVIDIA ', '')})" for c in
+        cols.columns = [f"{c} ({gpu.replace('NVIDIA ', '').split()[0]})" for c in
                         ("fused ms", "× unfused", "× eager")]
         out = cols if out is None else out.join(cols, how="inner")
     return pd.DataFrame() if out is None else out.reset_index()

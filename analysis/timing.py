@@ -23,6 +23,7 @@ REP_MS = 40  # per trial at most; the sweep times each configuration in sweep.TR
 MIN_REPS = 20
 CHUNK_MS = 5
 SETTLED = 0.005  # the median's 95% interval within +-0.5% of it
+CONFIDENCE, Z = 0.95, 1.96  # of that interval
 FLUSH_BYTES = 256 * 2**20  # what do_bench writes to flush the L2 (50 MB on an H100)
 DEVICE_REPS = (10, 200)  # calls per graph: at least, at most
 DEVICE_GRAPH_MS = 20  # aim for about this much GPU work per graph replay
@@ -46,7 +47,7 @@ def median_settled(times_ms: list[float], within: float = SETTLED) -> bool:
     0.98 sqrt(n)) lies within `within` of the median, relatively."""
     x = sorted(times_ms)
     n = len(x)
-    half = 0.98 * math.sqrt(n)
+    half = Z / 2 * math.sqrt(n)
     lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
     med = statistics.median(x)
     return med > 0 and (x[hi] - x[lo]) / 2 <= within * med

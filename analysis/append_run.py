@@ -5,7 +5,8 @@ Every family file of RUN is appended to INTO's, both brought to the current sche
 added since a file was written take the value its rows had: `schema.ADDED_SHAPE_DEFAULTS`), and
 RUN's limits to INTO's limits.parquet, so that the new rows find the copy bandwidth of their own
 run (and its run records, runs.parquet, to INTO's). Nothing is replaced: a run already in INTO,
-or a row that repeats a configuration INTO already holds, is refused (remove old rows deliberately, by hand, if they are to be replaced).
+or a row that repeats a configuration INTO already holds, is refused (remove old rows
+deliberately, by hand, if they are to be replaced).
 """
 from __future__ import annotations
 

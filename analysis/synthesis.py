@@ -418,32 +418,27 @@ def launch_findings(lc: pd.DataFrame) -> dict:
 # --- several GPUs ------------------------------------------------------------------------------
 
 MEMORY_BOUND_FLOP_PER_BYTE = 10  # below this a family's headline is bound by bandwidth
-GPU_COLUMNS = ["gpu", "folder", "copy GB/s", "fp16 TFLOP/s", "family", "case", "FLOP/byte",
-               "fused ms", "vs Triton unfused", "vs eager", "vs torch.compile", "_family"]
+GPU_COLUMNS = ["gpu", "copy GB/s", "family", "case", "FLOP/byte", "fused ms",
+               "vs Triton unfused", "vs eager", "_family"]
 
 
 def gpu_comparison(folders: list) -> pd.DataFrame:
     """Per results folder (one GPU each) and family measured there (never the reference's rows
-    that `R.load` falls back to): the GPU, its measured copy bandwidth and fp16 matmul peak, and
-    the fused kernel's time and speedups at the family's headline size."""
+    that `R.load` falls back to): the GPU, its measured copy bandwidth, and the fused kernel's
+    time and speedups at the family's headline size."""
     rows = []
     for folder in folders:
         limits = R.load_limits(folder)
-        own = pd.read_parquet(folder / "limits.parquet")
-        latest = own["run_id"].max()
+        latest = pd.read_parquet(folder / "limits.parquet", columns=["run_id"])["run_id"].max()
+        gpu, copy_bw = R.gpu_of(folder), R.limit(limits, "copy_bw", "ieee", latest)
         frames = {}
         for name in FAMILY_LABEL:
             df = R.load(folder, name)
             if len(df) and not df.attrs["from_reference"] and not df.attrs["on_cpu"]:
                 frames[name] = df
-        table = headline_table(frames, limits)
-        for _, t in table.iterrows():
-            rows.append({"gpu": R.gpu_of(folder), "folder": folder.name,
-                         "copy GB/s": R.limit(limits, "copy_bw", "ieee", latest),
-                         "fp16 TFLOP/s": R.limit(limits, "matmul_peak", "fp16", latest),
-                         **{k: t[k] for k in ("family", "case", "FLOP/byte", "fused ms",
-                                              "vs Triton unfused", "vs eager",
-                                              "vs torch.compile", "_family")}})
+        for _, t in headline_table(frames, limits).iterrows():
+            rows.append({"gpu": gpu, "copy GB/s": copy_bw,
+                         **{k: t[k] for k in GPU_COLUMNS[2:]}})
     return pd.DataFrame(rows, columns=GPU_COLUMNS)
 
 
@@ -477,12 +472,13 @@ def bandwidth_finding(cmp: pd.DataFrame) -> str:
     ratio = both[high["gpu"]] / both[low["gpu"]]
     parts = ", ".join(f"{fam} {both.loc[fam, low['gpu']]:.2f}× → {both.loc[fam, high['gpu']]:.2f}×"
                       for fam in both.index)
-    verdict = ("pays about as much on both" if 0.95 <= ratio.median() <= 1.05 else
+    same = 0.95 <= ratio.median() <= 1.05
+    verdict = ("pays about as much on both" if same else
                "pays more on the faster memory" if ratio.median() > 1.05 else
                "pays less on the faster memory")
     why = ("Both versions are bound by the same bandwidth, so the bytes fusion removes are worth "
            "the same share of the time on either GPU; the time saved shrinks with the bandwidth."
-           if verdict.startswith("pays about") else
+           if same else
            "The model expects the same ratio on both (both versions are bound by the same "
            "bandwidth): a difference says that one of them falls short of the bandwidth on one "
            "GPU (launch costs at small sizes, a plan tuned on the other GPU).")

@@ -57,8 +57,8 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
     key = torch.cuda.current_device() if device.index is None else device.index
     buf = _flush_buffers.get(key)
     if buf is None:
-        buf = _flush_buffers[key] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32,
-                                                   device=device)
+        buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        _flush_buffers[key] = buf
     return buf
 
 
@@ -157,7 +157,7 @@ def device_ms(fn, device: torch.device, estimate_ms: float | None = None) -> flo
         return None
     per_call = max(estimate_ms or 1.0, 0.005)
     reps = int(min(max(DEVICE_GRAPH_MS / per_call, DEVICE_REPS[0]), DEVICE_REPS[1]))
-    cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    cache = _flush_buffer(device)
     starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(reps)]
     try:

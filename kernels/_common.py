@@ -214,6 +214,29 @@ def _cuda_sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# Run as on a GPU without Hopper's TMA (TRITON_FUSION_NO_TMA=1): the kernels that read through
+# host tensor descriptors take their plain-load path, as on an A100 or a consumer card, so that the
+# path such GPUs run is tested on one that has TMA. With TRITON_FUSION_MAX_SHARED=<bytes>, kernels
+# fit that much shared memory a block instead of the device's (an A100's 166912, a consumer
+# card's 101376), as `launch` fits them.
+NO_TMA = os.environ.get("TRITON_FUSION_NO_TMA", "0") == "1"
+MAX_SHARED: int | None = int(os.environ.get("TRITON_FUSION_MAX_SHARED", "0")) or None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple:
+    return torch.cuda.get_device_capability(device)
+
+
+def has_tma(device) -> bool:
+    """Whether kernels may read through host tensor descriptors on `device`: TMA, sm_90+ (the
+    interpreter emulates them), unless NO_TMA."""
+    if NO_TMA:
+        return False
+    device = torch.device(device)
+    return device.type != "cuda" or _capability(device)[0] >= 9
+
+
 def sm_count_of(device=None) -> int:
     """The number of SMs of `device` (a CUDA device), else INTERPRETER_SM_COUNT (either way
     SM_COUNT_OVERRIDE when set)."""
@@ -267,7 +290,7 @@ def unfused_tile(n_cols: int, block=None, num_warps=None) -> tuple[int, int]:
 # Entries a cache holds; a full cache is emptied and refills.
 PLAN_CACHE_MAX = 4096
 _PLAN_CACHES: list[dict] = []
-_plans_made_with = None  # the SM_COUNT_OVERRIDE the cached plans saw
+_plans_made_with = None  # the (SM_COUNT_OVERRIDE, NO_TMA, MAX_SHARED) the cached plans saw
 
 
 def layout_key(tensors, options=()) -> tuple | None:
@@ -310,7 +333,8 @@ def plan_strides(t) -> tuple:
 
 
 def plan_cache() -> dict:
-    """A new cache for `cached` (emptied with the others when SM_COUNT_OVERRIDE changes)."""
+    """A new cache for `cached` (emptied with the others when SM_COUNT_OVERRIDE, NO_TMA or
+    MAX_SHARED changes)."""
     cache: dict = {}
     _PLAN_CACHES.append(cache)
     return cache
@@ -319,17 +343,18 @@ def plan_cache() -> dict:
 def cached(cache: dict, key, compute, *args):
     """cache[key], else compute(*args), remembered under key.
 
-    compute must depend on nothing but what key holds, and on SM_COUNT_OVERRIDE (a change
-    empties every cache). It raises on inputs it refuses: nothing is remembered then, so such
+    compute must depend on nothing but what key holds, and on SM_COUNT_OVERRIDE, NO_TMA and
+    MAX_SHARED (a change empties every cache). It raises on inputs it refuses: nothing is remembered then, so such
     inputs raise on every call. A key of None, or one that cannot be hashed (symbolic sizes
     while tracing), computes every time."""
     global _plans_made_with
     if key is None:
         return compute(*args)
-    if SM_COUNT_OVERRIDE != _plans_made_with:
+    made_with = (SM_COUNT_OVERRIDE, NO_TMA, MAX_SHARED)
+    if made_with != _plans_made_with:
         for c in _PLAN_CACHES:
             c.clear()
-        _plans_made_with = SM_COUNT_OVERRIDE
+        _plans_made_with = made_with
     try:
         return cache[key]
     except KeyError:
@@ -524,6 +549,25 @@ class _Launches:
 _LAUNCHES: dict[int, _Launches] = {}
 
 
+def _fitted(kernel, grid, args, kwargs) -> tuple:
+    """(kernel[grid](*args, **kwargs), the keywords it ran with): where the kernel's shared memory
+    does not fit the device (plans are tuned on an H100, with 228 KB a block; an A100 has 164, a
+    consumer card 99), with one pipeline stage fewer at a time; the same results, a shallower
+    prefetch. MAX_SHARED, when set, stands in for the device's limit."""
+    while True:
+        try:
+            if MAX_SHARED is not None and not interpreting():
+                shared = kernel.warmup(*args, grid=grid, **kwargs).metadata.shared
+                if shared > MAX_SHARED:
+                    raise triton.runtime.errors.OutOfResources(shared, MAX_SHARED, "shared memory")
+            return kernel[grid](*args, **kwargs), kwargs
+        except triton.runtime.errors.OutOfResources as exc:
+            stages = kwargs.get("num_stages")
+            if "shared" not in str(exc) or not isinstance(stages, int) or stages <= 1:
+                raise
+            kwargs = dict(kwargs, num_stages=stages - 1)
+
+
 def launch(kernel, grid, *args, **kwargs):
     """`kernel[grid](*args, **kwargs)`, straight through the compiled kernel's launcher once
     Triton has compiled the kernel for this specialisation; returns the compiled kernel, as
@@ -539,7 +583,7 @@ def launch(kernel, grid, *args, **kwargs):
     if state is None:
         state = _LAUNCHES[id(kernel)] = _Launches(kernel)
     if not FAST_LAUNCH or len(args) != state.n_runtime or grid.__class__ is not tuple:
-        return kernel[grid](*args, **kwargs)
+        return _fitted(kernel, grid, args, kwargs)[0]
     runtime = knobs.runtime
     enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
     if (runtime.debug or kernel.debug or knobs.compilation.instrumentation_mode
@@ -547,24 +591,24 @@ def launch(kernel, grid, *args, **kwargs):
             # Triton's default hooks are empty HookChains (its profiler adds to them).
             or (enter is not None and (enter.__class__ is not HookChain or enter.calls))
             or (exit_ is not None and (exit_.__class__ is not HookChain or exit_.calls))):
-        return kernel[grid](*args, **kwargs)
+        return _fitted(kernel, grid, args, kwargs)[0]
     active = driver.active
     device = active.get_current_device()  # what JITFunction.run keys its caches on
     key = specialization_key(args, (device, *kwargs.items()))
     if key is None:
-        return kernel[grid](*args, **kwargs)
+        return _fitted(kernel, grid, args, kwargs)[0]
     try:
         entry = state.compiled.get(key)
     except TypeError:  # an unhashable keyword value
-        return kernel[grid](*args, **kwargs)
+        return _fitted(kernel, grid, args, kwargs)[0]
     if entry is not None:
         for g, name, value in entry.globals:
             if g.get(name, _MISSING) is not value:
                 entry = None  # JITFunction.run checks them (and raises if they changed)
                 break
     if entry is None:
-        compiled = kernel[grid](*args, **kwargs)
-        state.remember(key, compiled, kwargs)
+        compiled, ran_with = _fitted(kernel, grid, args, kwargs)
+        state.remember(key, compiled, ran_with)
         return compiled
     n = len(grid)
     grid_0 = grid[0]
@@ -606,6 +650,7 @@ __all__ = [
     "dot",
     "empty",
     "empty_like",
+    "has_tma",
     "interpreting",
     "is_fake",
     "launch",

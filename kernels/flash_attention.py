@@ -7,12 +7,14 @@ online softmax: running max m, running sum l, and an output accumulator rescaled
 2^(m_old - m_new) when the max grows. Scores live only in registers, traffic is O(seq * head_dim).
 
 The fused kernel follows Triton's tutorial 06 ("fused attention") for Hopper: tiles are read
-through tensor descriptors (TMA on sm_90+, plain loads elsewhere), the scale is folded into the
-exponent (exp2 of qk * sm_scale * log2(e)), and causal attention loops only up to the diagonal,
-masking the diagonal tiles alone. Beyond the tutorial: any sequence length (the key tail is masked,
-the query tail is not stored) and any head_dim up to 256 (non-powers of two are padded to the next
-one inside the kernel, where the descriptor zero-fills the columns past head_dim; head dims that
-are not a multiple of 8 are first padded on the host, as descriptor rows need 16 bytes),
+through host tensor descriptors (TMA) on sm_90+ and through plain masked loads on older GPUs (the
+same program; TRITON_FUSION_NO_TMA=1 runs that path on a Hopper too), the scale is folded into
+the exponent (exp2 of qk * sm_scale * log2(e)), and causal attention loops only up to the
+diagonal, masking the diagonal tiles alone. Beyond the tutorial: any sequence length (the key tail
+is masked, the query tail is not stored) and any head_dim up to 256 (non-powers of two are padded
+to the next one inside the kernel, where the loads zero-fill the columns past head_dim; for TMA,
+head dims that are not a multiple of 8 are first padded on the host, as descriptor rows need 16
+bytes),
 fewer key/value heads than query heads (grouped-query attention, read in place), and fewer queries
 than keys (a KV cache; causal aligned to the bottom right). float16 and bfloat16 only.
 """
@@ -28,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty,
+from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty, has_tma,
                       interpreting, is_fake, launch, layout_key, next_pow2, plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
@@ -59,38 +61,36 @@ def reference(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
 
 
 @triton.jit
-def _maybe_make_tensor_desc(desc_or_ptr, shape, strides, block_shape):
-    # Host-made descriptors (Hopper+, the interpreter) pass through; a raw pointer gets a
-    # device-side descriptor, which pre-Hopper compilers lower to ordinary masked loads.
-    if isinstance(desc_or_ptr, tl.tensor_descriptor):
-        return desc_or_ptr
+def _load_rows(src, b, h, row, offset_y, row_stride, n_rows, MODE: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """ROWS rows of one head from `row` on. MODE 0: a 2-D host descriptor over the contiguous
+    (batch * heads * seq, head_dim) view, row offset_y + row; 1: a 4-D host descriptor (any
+    strides), (batch, head, row); 2 (GPUs without TMA): src points at the head's first row,
+    rows row_stride elements apart, n_rows of them; masked loads, zeros past the ends."""
+    if MODE == 0:
+        return src.load([offset_y + row, 0])
+    elif MODE == 1:
+        return src.load([b, h, row, 0]).reshape([ROWS, BLOCK_D])
     else:
-        return tl.make_tensor_descriptor(desc_or_ptr, shape, strides, block_shape)
+        rows = row + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_D)
+        return tl.load(src + rows.to(tl.int64)[:, None] * row_stride + cols[None, :],
+                       mask=(rows < n_rows)[:, None] & (cols < HEAD_DIM)[None, :], other=0.0)
 
 
 @triton.jit
-def _load_rows(desc, b, h, row, offset_y, STRIDED: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK_D: tl.constexpr):
-    """ROWS rows of one head from `row` on: a 4-D descriptor (any strides) takes (batch, head,
-    row); a 2-D one over the contiguous (batch * heads * seq, head_dim) view, offset_y + row."""
-    if STRIDED:
-        return desc.load([b, h, row, 0]).reshape([ROWS, BLOCK_D])
-    else:
-        return desc.load([offset_y + row, 0])
-
-
-@triton.jit
-def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_y, lo, hi, offs_m, offs_n,
-                qk_scale, seq, shift, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STRIDED: tl.constexpr,
-                BLOCK_D: tl.constexpr):
+def _attn_inner(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, v_stride, lo,
+                hi, offs_m, offs_n, qk_scale, seq, shift, BLOCK_N: tl.constexpr,
+                MASK: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
+                MODE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Key/value tiles [lo, hi). MASK: 0 none; 1 causal (query i sees keys j <= i + shift) and
     keys past seq; 2 keys past seq.
     SCALE_POS: qk_scale >= 0 (else the row's largest scaled score is its smallest score times
     the scale)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = _load_rows(desc_k, kv_b, kv_h, start_n, offset_y, STRIDED, BLOCK_N, BLOCK_D)
+        k = _load_rows(src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
+                       BLOCK_D, HEAD_DIM)
         qk = _dot(q, k.T, None, "tf32", UPCAST)
         if MASK == 0:
             # Scale folded into the max and one FMA; base-2 exponent throughout.
@@ -113,7 +113,8 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_y, lo, hi, 
             alpha = tl.math.exp2(m_i - m_sub)
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = _load_rows(desc_v, kv_b, kv_h, start_n, offset_y, STRIDED, BLOCK_N, BLOCK_D)
+        v = _load_rows(src_v, kv_b, kv_h, start_n, offset_y, v_stride, seq, MODE, BLOCK_N,
+                       BLOCK_D, HEAD_DIM)
         # p rounded to v's dtype for the tensor-core product, accumulated in float32.
         acc = _dot(p.to(v.dtype), v, acc, "tf32", UPCAST)
         # Updated last, to shorten the live ranges inside the loop (as the tutorial does).
@@ -123,26 +124,29 @@ def _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_y, lo, hi, 
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-              UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
-              STRIDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Program (query tile, batch * head). SEQ queries, SEQ_K keys; the H query heads of a batch
-    share H / GROUP key/value heads (GROUP query heads each: grouped-query attention). STRIDED:
-    q, k, v are 4-D host descriptors over tensors of any strides (else 2-D, contiguous)."""
+def _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs, skb, skh, sks,
+                  svb, svh, svs, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
+                  STORE_LSE: tl.constexpr, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """One program of the forward: query tile program_id(0) of (batch * head) program_id(1).
+    SEQ queries, SEQ_K keys; the H query heads of a batch share H / GROUP key/value heads (GROUP
+    query heads each: grouped-query attention). Q, K, V as _load_rows's MODE takes them; the
+    strides (elements; batch, head, row) are read in MODE 2 alone."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_kv = (off_hz // H) * (H // GROUP) + (off_hz % H) // GROUP
-    # q viewed as (batch * heads * seq, head_dim), k and v as (batch * kv heads * seq_k,
-    # head_dim): a tile past the end of one head reads the next head's rows (masked or not
-    # stored) or zeros past the tensor, never out of bounds.
-    desc_q = _maybe_make_tensor_desc(Q, [ZH * SEQ, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, BLOCK_D])
-    y_kv = ZH // GROUP * SEQ_K
-    desc_k = _maybe_make_tensor_desc(K, [y_kv, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
-    desc_v = _maybe_make_tensor_desc(V, [y_kv, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, BLOCK_D])
-    offset_kv = off_kv * SEQ_K
+    b = off_hz // H
+    h = off_hz % H
     kv_b = off_kv // (H // GROUP)
     kv_h = off_kv % (H // GROUP)
+    if MODE == 2:
+        Q = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+        K = K + kv_b.to(tl.int64) * skb + kv_h.to(tl.int64) * skh
+        V = V + kv_b.to(tl.int64) * svb + kv_h.to(tl.int64) * svh
+    # In MODE 0 a tile past the end of one head reads the next head's rows (masked or not
+    # stored) or zeros past the tensor, never out of bounds.
+    offset_kv = off_kv * SEQ_K
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -150,30 +154,30 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.44269504  # log2(e): exp(x) = exp2(x * log2(e))
     # Columns past head_dim load as zeros, so the padded dot products are exact.
-    q = _load_rows(desc_q, off_hz // H, off_hz % H, start_m * BLOCK_M, off_hz * SEQ, STRIDED,
-                   BLOCK_M, BLOCK_D)
+    q = _load_rows(Q, b, h, start_m * BLOCK_M, off_hz * SEQ, sqs, SEQ, MODE, BLOCK_M, BLOCK_D,
+                   HEAD_DIM)
     if CAUSAL:
         # Aligned to the bottom right (a KV cache: the last query sees every key): query i sees
         # keys j <= i + shift. Tiles every query of the block sees need no mask; those past the
         # last query's diagonal are skipped.
         shift = SEQ_K - SEQ
         lo = (start_m * BLOCK_M + shift + 1) // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, 0, lo, offs_m,
-                                    offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 0, UPCAST,
-                                    SCALE_POS, STRIDED, BLOCK_D)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs, 0,
+                                    lo, offs_m, offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 0,
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
         hi = tl.minimum(start_m * BLOCK_M + BLOCK_M + shift, SEQ_K)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, lo, hi, offs_m,
-                                    offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 1, UPCAST,
-                                    SCALE_POS, STRIDED, BLOCK_D)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs, lo,
+                                    hi, offs_m, offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 1,
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
     else:
         # Whole tiles unmasked, then the partial last tile (if any) with keys past seq masked.
         n_full = SEQ_K - SEQ_K % BLOCK_N
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, 0, n_full,
-                                    offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 0, UPCAST,
-                                    SCALE_POS, STRIDED, BLOCK_D)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_b, kv_h, offset_kv, n_full, SEQ_K,
-                                    offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 2, UPCAST,
-                                    SCALE_POS, STRIDED, BLOCK_D)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs, 0,
+                                    n_full, offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 0,
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs,
+                                    n_full, SEQ_K, offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 2,
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
     acc = acc / l_i[:, None]
     # A masked pointer store: rows past seq belong to the next head, columns past head_dim to
     # the next row (the epilogue is one tile per program, a small share of the traffic).
@@ -186,6 +190,31 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, ZH, SEQ, SEQ_K, H, GROUP,
         # The row's log-sum-exp of scaled scores, base 2: what the backward recomputes P from.
         tl.store(LSE + off_hz.to(tl.int64) * SEQ + offs_m, m_i + tl.math.log2(l_i),
                  mask=offs_m < SEQ)
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+              UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
+              MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The forward through host tensor descriptors (TMA; sm_90+ and the interpreter): grid
+    (query tiles, batch * heads). MODE 1: q, k, v are 4-D descriptors over tensors of any
+    strides; 0: 2-D ones over contiguous tensors."""
+    _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                  HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, MODE, BLOCK_M,
+                  BLOCK_N)
+
+
+@triton.jit
+def _attn_fwd_pointers(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs, skb, skh,
+                       sks, svb, svh, svs, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                       CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
+                       STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The same forward through plain masked loads, for GPUs without TMA (before Hopper): q, k,
+    v of any strides (elements: batch, head, row; the last dim contiguous), read in place."""
+    _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs, skb, skh, sks,
+                  svb, svh, svs, HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, 2,
+                  BLOCK_M, BLOCK_N)
 
 
 def _descriptor(t, shape, strides, block_shape=None):
@@ -264,13 +293,6 @@ def default_config(seq: int, head_dim: int, causal: bool) -> dict:
     if block_d <= 128:
         return dict(block_m=128, block_n=128, num_warps=8, num_stages=2)
     return dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
-
-
-def _use_host_descriptors(device: torch.device) -> bool:
-    """Host TensorDescriptors need TMA (sm_90+); the interpreter takes them too."""
-    if device.type != "cuda":
-        return True
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 _CHECKED = plan_cache()  # layouts (with causal and sm_scale) that passed _check_layout
@@ -379,7 +401,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         return (out, lse) if return_lse else out
     if plan.route == "pad":
         # Tensor descriptors need rows of 16 bytes: zero columns up to a multiple of 8 change no
-        # dot product (a copy of q, k, v; only for such head dims).
+        # dot product (a copy of q, k, v; only for such head dims, only where TMA reads them).
         pad = 8 - q.shape[-1] % 8
         res = triton_fused(*(F.pad(t, (0, pad)) for t in (q, k, v)), causal, sm_scale,
                            block_m=block_m, block_n=block_n, num_warps=num_warps,
@@ -392,22 +414,18 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     lse = empty((batch * heads, seq), torch.float32, q.device) if return_lse else None
     if plan.route == "empty":
         return (out, lse) if return_lse else out
-    if plan.copy:
-        q, k, v = (t.contiguous() for t in (q, k, v))  # device-side descriptors: 2-D only
+    sizes = (seq, k.shape[2], heads, heads // k.shape[1])
     if plan.host and plan.strided:
         # Block shapes are filled in just before each launch (_descriptor_pre_hook).
         q_arg, k_arg, v_arg = (_descriptor(t, list(t.shape), list(t.stride())) for t in (q, k, v))
     elif plan.host:
         q_arg, k_arg, v_arg = (_descriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim],
                                            [head_dim, 1]) for t in (q, k, v))
-    else:
+    else:  # no TMA: pointers and the strides of batch, head and row
         q_arg, k_arg, v_arg = q, k, v
-        if q.is_cuda:
-            # Descriptors made inside the kernel need a global-memory scratch area on sm_90+.
-            triton.set_allocator(lambda size, alignment, stream:
-                                 torch.empty(size, dtype=torch.int8, device=q.device))
-    args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, batch * heads, seq,
-            k.shape[2], heads, heads // k.shape[1])
+        sizes += tuple(s for t in (q, k, v) for s in t.stride()[:3])
+    kernel = _attn_fwd if plan.host else _attn_fwd_pointers
+    args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, *sizes)
     consts = plan.consts
 
     def run(cfg):
@@ -415,12 +433,12 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         if plan.host:
             _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=bm, BLOCK_N=bn,
                                       BLOCK_D=consts["BLOCK_D"]))
-        launch(_attn_fwd, (cdiv(seq, bm), batch * heads), *args, **consts, BLOCK_M=bm,
+        launch(kernel, (cdiv(seq, bm), batch * heads), *args, **consts, BLOCK_M=bm,
                BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
     cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run)
     run(cfg)
-    if key is not None and plan.host and not plan.copy:
+    if key is not None and plan.host:
         if len(_STEADY) >= STEADY_MAX_ENTRIES:
             _STEADY.clear()
         _STEADY[key] = _Steady(plan, cfg, q, k, return_lse)
@@ -453,18 +471,18 @@ class _Steady:
                           ([rows_kv, head_dim], [head_dim, 1], self.blocks[2]))
         self.out_shape = q.shape
         self.lse_shape = (batch * heads, seq) if return_lse else None
-        self.ints = (batch * heads, seq, k.shape[2], heads, heads // k.shape[1])
+        self.ints = (seq, k.shape[2], heads, heads // k.shape[1])
 
     def __call__(self, q, k, v, sm_scale):
         out = empty(self.out_shape, q.dtype, q.device)
         lse = None if self.lse_shape is None else empty(self.lse_shape, torch.float32, q.device)
-        zh, seq, seq_k, heads, group = self.ints
+        seq, seq_k, heads, group = self.ints
         if self.specs is None:
             descs = [_descriptor(t, list(t.shape), list(t.stride()), b)
                      for t, b in zip((q, k, v), self.blocks)]
         else:
             descs = [_descriptor(t, *spec) for t, spec in zip((q, k, v), self.specs)]
-        launch(_attn_fwd, self.grid, *descs, out, out if lse is None else lse, sm_scale, zh, seq,
+        launch(_attn_fwd, self.grid, *descs, out, out if lse is None else lse, sm_scale, seq,
                seq_k, heads, group, **self.kwargs)
         return out if lse is None else (out, lse)
 
@@ -477,14 +495,14 @@ STEADY_MAX_ENTRIES = 1024
 
 class _Plan(NamedTuple):
     """What triton_fused does for one layout of q, k, v with its options. route: "decode"
-    (flash_decoding), "pad" (head_dim padded to a multiple of 8, then "main"), "empty" (no
-    output element) or "main"; copy: make q, k, v contiguous first; consts: the kernel's
-    constexprs but the blocks; cfg: (block_m, block_n, num_warps, num_stages), or None to take
-    the tuned config under tune_key."""
+    (flash_decoding), "pad" (head_dim padded to a multiple of 8 for TMA, then "main"), "empty"
+    (no output element) or "main"; host: through host tensor descriptors (TMA), else plain
+    loads; strided: 4-D descriptors; consts: the kernel's constexprs but the blocks; cfg:
+    (block_m, block_n, num_warps, num_stages), or None to take the tuned config under
+    tune_key."""
     route: str
     host: bool = False
     strided: bool = False
-    copy: bool = False
     consts: dict | None = None
     cfg: tuple | None = None
     tune_key: tuple | None = None
@@ -500,21 +518,22 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
     if flash_decoding.applies(q, k) and all(p is None for p in options):
         return _Plan("decode")
     batch, heads, seq, head_dim = q.shape
-    if head_dim % 8:
+    host = has_tma(q.device)
+    if head_dim % 8 and host:
         return _Plan("pad")
     if q.numel() == 0:
         return _Plan("empty")
-    host = _use_host_descriptors(q.device)
-    strided = not all(t.is_contiguous() for t in (q, k, v))
-    copy = strided and not host
-    strided = strided and host
+    strided = host and not all(t.is_contiguous() for t in (q, k, v))
     block_d = max(16, next_pow2(head_dim))
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
-                  STORE_LSE=return_lse, STRIDED=strided)
+                  STORE_LSE=return_lse)
+    if host:
+        consts["MODE"] = 1 if strided else 0
     if not interpreting() and all(p is None for p in options):
-        tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device)
-        return _Plan("main", host, strided, copy, consts, None, tune_key)
+        tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device,
+                    host)
+        return _Plan("main", host, strided, consts, None, tune_key)
     d = default_config(seq, head_dim, causal)
     block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)
     block_n = check_pow2("block_n", d["block_n"] if block_n is None else block_n, why=DOT_MIN)
@@ -523,7 +542,7 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
                          f"block_m={block_m}, block_n={block_n}")
     cfg = (block_m, block_n, d["num_warps"] if num_warps is None else num_warps,
            d["num_stages"] if num_stages is None else num_stages)
-    return _Plan("main", host, strided, copy, consts, cfg)
+    return _Plan("main", host, strided, consts, cfg)
 
 
 # ---------------------------------------------------------------------------------- unfused

@@ -78,13 +78,38 @@ def test_head_dims(head_dim, device):
     assert rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.bfloat16]
 
 
+def _views_of_one_projection(batch, seq, heads, dim, device, dtype=torch.float16):
+    qkv_ = torch.randn(batch, seq, 3, heads, dim, device=device, dtype=dtype)
+    return tuple(qkv_[:, :, i].transpose(1, 2) for i in range(3))
+
+
 @pytest.mark.parametrize("causal", [False, True])
-def test_device_side_descriptors(causal, device, monkeypatch):
-    """The pre-Hopper path: raw pointers, descriptors made inside the kernel."""
-    monkeypatch.setattr(at, "_use_host_descriptors", lambda dev: False)
-    q, k, v = qkv((2, 2, 37, 80), torch.float16, device)
+@pytest.mark.parametrize("layout", ["contiguous", "qkv_views", "grouped_kv_cache", "head_dim_20"])
+def test_without_tma(layout, causal, device, monkeypatch):
+    """The path of GPUs without TMA (before Hopper), forced with NO_TMA: plain masked loads at
+    the tensors' own strides (views read in place, no copy), any head_dim without host padding;
+    the same results as the descriptor path, against float64."""
+    from triton_fusion_report.kernels import _common
+
+    monkeypatch.setattr(_common, "NO_TMA", True)
+    if layout == "qkv_views":
+        q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
+    elif layout == "grouped_kv_cache":
+        q = torch.randn(1, 4, 19, 32, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 2, 45, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
+    else:
+        q, k, v = qkv((2, 2, 37, 20 if layout == "head_dim_20" else 80), torch.float16, device)
+    plan = at._plan(q, k, v, causal, 0.1, (32, 16, None, None), False)
+    assert plan.route == "main" and not plan.host
     out = at.triton_fused(q, k, v, causal, block_m=32, block_n=16)
-    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+    assert out.is_contiguous() and out.shape == q.shape
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[q.dtype]
+    dout = torch.randn_like(out)
+    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
+    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
+                  *(t.double() for t in (q, k, v)), dout.double())
+    for g, w in zip(got, want):
+        assert rel_err(g, w) <= 2 * FUSED_TOL[q.dtype]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
@@ -315,9 +340,7 @@ def test_any_head_dim(head_dim, causal, device):
 def test_views_of_one_qkv_projection(causal, device):
     """q, k, v as views of one (batch, seq, 3, heads, dim) projection, the layout of nearly every
     model: read in place (no copy), forward and gradients as for contiguous copies."""
-    batch, seq, heads, dim = 2, 37, 4, 32
-    qkv_ = torch.randn(batch, seq, 3, heads, dim, device=device, dtype=torch.float16)
-    q, k, v = (qkv_[:, :, i].transpose(1, 2) for i in range(3))
+    q, k, v = _views_of_one_projection(2, 37, 4, 32, device)
     assert not q.is_contiguous()
     out = kernels.attention(q, k, v, causal)
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]

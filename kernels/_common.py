@@ -594,7 +594,8 @@ def launch(kernel, grid, *args, **kwargs):
         return _fitted(kernel, grid, args, kwargs)[0]
     active = driver.active
     device = active.get_current_device()  # what JITFunction.run keys its caches on
-    key = specialization_key(args, (device, *kwargs.items()))
+    # MAX_SHARED: a kernel fitted under another limit is not the one to launch.
+    key = specialization_key(args, (device, MAX_SHARED, *kwargs.items()))
     if key is None:
         return _fitted(kernel, grid, args, kwargs)[0]
     try:

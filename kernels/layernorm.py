@@ -24,10 +24,10 @@ import triton.language as tl
 
 from . import layernorm_backward as _bwd
 from ._common import (FLOAT_DTYPES, as_rows, cached, cdiv, check_contiguous, check_pow2,
-                      check_same, check_tensor, check_warps, empty, empty_like, launch,
-                      layout_key, plan_cache, unfused_tile)
+                      check_same, check_tensor, check_warps, empty, empty_like, interpreting,
+                      is_fake, launch, layout_key, plan_cache, unfused_tile)
 from .layernorm_backward import BWD_MAX_ONE_TILE, bwd_groups
-from .layernorm_forward import MAX_ONE_TILE, fwd_launch, run_forward
+from .layernorm_forward import MAX_ONE_TILE, fwd_launch, run_forward, tuned_launch
 
 
 def reference(x: torch.Tensor, weight, bias, eps: float = 1e-5) -> torch.Tensor:
@@ -156,9 +156,14 @@ def _forward_plan(x, weight, bias, eps, block, num_warps, groups):
     # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims); y is
     # contiguous.
     x_row_stride = n_cols if x.is_contiguous() else rows.stride(0)
-    return n_rows, n_cols, x_row_stride, fwd_launch(
-        x.dtype, x.device, n_rows, n_cols, x_row_stride, n_cols, weight is not None,
-        bias is not None, block, num_warps)
+    how = fwd_launch(x.dtype, x.device, n_rows, n_cols, x_row_stride, n_cols,
+                     weight is not None, bias is not None, block, num_warps)
+    # The default plan is tuned on the GPU it runs on (not while a CUDA graph is captured, nor
+    # for tracing's fake tensors: they take fwd_plan's first guess).
+    if (block is None and num_warps is None and x.is_cuda and not interpreting()
+            and not is_fake(x) and not torch.cuda.is_current_stream_capturing()):
+        how = tuned_launch(x, n_rows, n_cols, x_row_stride, weight, bias, how)
+    return n_rows, n_cols, x_row_stride, how
 
 
 _PLANS = plan_cache()

@@ -308,3 +308,33 @@ def test_programs_per_sm():
     assert lnf._programs_per_sm(16, 0, 1) == 32  # the block limit
     assert lnf._programs_per_sm(32, 100 * 1024, 2) == 2  # the shared-memory limit
     assert lnf._programs_per_sm(255, 0, 32) == 1  # never 0
+
+
+def test_forward_plan_is_tuned_on_the_device(device, monkeypatch):
+    """tuned_launch times fwd_plan's plan and its neighbours once per key (the timing replaced by
+    one plain run each here) and keeps the fastest, which computes the same LayerNorm; a row count
+    in the same power-of-two bucket takes the choice without timing again."""
+    runs = []
+
+    def one_run(fn):
+        fn()
+        runs.append(1)
+        return 10.0 - len(runs)  # the last candidate is the fastest
+
+    monkeypatch.setattr(lnf, "_bench", one_run)
+    monkeypatch.setattr(lnf, "_TUNED", {})
+    x, w, b = make((20, 256), torch.float16, device)
+    how = lnf.fwd_launch(x.dtype, x.device, 20, 256, 256, 256, True, True)
+    candidates = lnf.plan_candidates(how.plan)
+    assert candidates[0] == how.plan and len(candidates) == len(set(candidates)) > 1
+    tuned = lnf.tuned_launch(x, 20, 256, 256, w, b, how)
+    assert len(runs) == len(candidates) and tuned.plan == candidates[-1] != how.plan
+    y = torch.full_like(x, float("nan"))
+    lnf.run_forward(x, y, 20, 256, 256, 256, w, b, 1e-5, tuned, stats=False)
+    assert rel_err(y, ref64(x, w, b)) <= 2 * TOL[torch.float16]
+    x2 = x[:17]
+    again = lnf.tuned_launch(x2, 17, 256, 256, w, b, lnf.fwd_launch(x.dtype, x.device, 17, 256,
+                                                                    256, 256, True, True))
+    assert len(runs) == len(candidates) and again.plan == tuned.plan
+    # The loop over tiles (rows past MAX_ONE_TILE) has no neighbours to time.
+    assert lnf.plan_candidates(lnf.fwd_plan(40000, 2)) == [lnf.fwd_plan(40000, 2)]

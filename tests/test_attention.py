@@ -105,9 +105,7 @@ def test_without_tma(layout, causal, device, monkeypatch):
     assert out.is_contiguous() and out.shape == q.shape
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[q.dtype]
     dout = torch.randn_like(out)
-    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
-    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
-                  *(t.double() for t in (q, k, v)), dout.double())
+    got, want = _public_and_float64_grads(q, k, v, dout, causal)
     for g, w in zip(got, want):
         assert rel_err(g, w) <= 2 * FUSED_TOL[q.dtype]
 
@@ -186,6 +184,14 @@ def _grads(fn, q, k, v, dout):
     return [t.grad for t in leaves]
 
 
+def _public_and_float64_grads(q, k, v, dout, causal):
+    """The gradients of q, k, v through kernels.attention, and through the float64 reference."""
+    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
+    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
+                  *(t.double() for t in (q, k, v)), dout.double())
+    return got, want
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2, 37, 64), (2, 1, 64, 80), (1, 1, 5, 16)])
@@ -195,9 +201,7 @@ def test_backward_matches_float64(shape, causal, dtype, device):
     tile."""
     q, k, v = qkv(shape, dtype, device)
     dout = torch.randn(shape, device=device, dtype=dtype)
-    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
-    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
-                  *(t.double() for t in (q, k, v)), dout.double())
+    got, want = _public_and_float64_grads(q, k, v, dout, causal)
     for g, w in zip(got, want):
         assert g.dtype == dtype and g.shape == w.shape
         assert rel_err(g, w) <= 2 * FUSED_TOL[dtype]
@@ -242,9 +246,7 @@ def test_grouped_heads_and_kv_cache_backward(q_shape, kv_shape, causal, device):
     q = torch.randn(q_shape, device=device, dtype=torch.float16)
     k, v = (torch.randn(kv_shape, device=device, dtype=torch.float16) for _ in range(2))
     dout = torch.randn_like(q)
-    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
-    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
-                  *(t.double() for t in (q, k, v)), dout.double())
+    got, want = _public_and_float64_grads(q, k, v, dout, causal)
     for g, w in zip(got, want):
         assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
@@ -301,9 +303,7 @@ def test_decoding_backward(causal, device):
     q = torch.randn(1, 4, 2, 32, device=device, dtype=torch.float16)
     k, v = (torch.randn(1, 2, 90, 32, device=device, dtype=torch.float16) for _ in range(2))
     dout = torch.randn_like(q)
-    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
-    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
-                  *(t.double() for t in (q, k, v)), dout.double())
+    got, want = _public_and_float64_grads(q, k, v, dout, causal)
     for g, w in zip(got, want):
         assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
@@ -329,9 +329,7 @@ def test_any_head_dim(head_dim, causal, device):
     assert out.shape == q.shape and out.is_contiguous()
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
     dout = torch.randn_like(q)
-    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
-    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
-                  *(t.double() for t in (q, k, v)), dout.double())
+    got, want = _public_and_float64_grads(q, k, v, dout, causal)
     for g, w in zip(got, want):
         assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
@@ -345,9 +343,7 @@ def test_views_of_one_qkv_projection(causal, device):
     out = kernels.attention(q, k, v, causal)
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
     dout = torch.randn_like(out)
-    got = _grads(lambda a, b, c: kernels.attention(a, b, c, causal), q, k, v, dout)
-    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
-                  *(t.double() for t in (q, k, v)), dout.double())
+    got, want = _public_and_float64_grads(q, k, v, dout, causal)
     for g, w in zip(got, want):
         assert rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 

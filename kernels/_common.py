@@ -290,7 +290,7 @@ def unfused_tile(n_cols: int, block=None, num_warps=None) -> tuple[int, int]:
 # Entries a cache holds; a full cache is emptied and refills.
 PLAN_CACHE_MAX = 4096
 _PLAN_CACHES: list[dict] = []
-_plans_made_with = None  # the (SM_COUNT_OVERRIDE, NO_TMA, MAX_SHARED) the cached plans saw
+_plans_made_with = None  # the (SM_COUNT_OVERRIDE, NO_TMA) the cached plans saw
 
 
 def layout_key(tensors, options=()) -> tuple | None:
@@ -333,8 +333,8 @@ def plan_strides(t) -> tuple:
 
 
 def plan_cache() -> dict:
-    """A new cache for `cached` (emptied with the others when SM_COUNT_OVERRIDE, NO_TMA or
-    MAX_SHARED changes)."""
+    """A new cache for `cached` (emptied with the others when SM_COUNT_OVERRIDE or NO_TMA
+    changes)."""
     cache: dict = {}
     _PLAN_CACHES.append(cache)
     return cache
@@ -343,14 +343,14 @@ def plan_cache() -> dict:
 def cached(cache: dict, key, compute, *args):
     """cache[key], else compute(*args), remembered under key.
 
-    compute must depend on nothing but what key holds, and on SM_COUNT_OVERRIDE, NO_TMA and
-    MAX_SHARED (a change empties every cache). It raises on inputs it refuses: nothing is remembered then, so such
-    inputs raise on every call. A key of None, or one that cannot be hashed (symbolic sizes
+    compute must depend on nothing but what key holds, and on SM_COUNT_OVERRIDE and NO_TMA (a
+    change empties every cache). It raises on inputs it refuses: nothing is remembered then, so
+    such inputs raise on every call. A key of None, or one that cannot be hashed (symbolic sizes
     while tracing), computes every time."""
     global _plans_made_with
     if key is None:
         return compute(*args)
-    made_with = (SM_COUNT_OVERRIDE, NO_TMA, MAX_SHARED)
+    made_with = (SM_COUNT_OVERRIDE, NO_TMA)
     if made_with != _plans_made_with:
         for c in _PLAN_CACHES:
             c.clear()

@@ -14,9 +14,8 @@ diagonal, masking the diagonal tiles alone. Beyond the tutorial: any sequence le
 is masked, the query tail is not stored) and any head_dim up to 256 (non-powers of two are padded
 to the next one inside the kernel, where the loads zero-fill the columns past head_dim; for TMA,
 head dims that are not a multiple of 8 are first padded on the host, as descriptor rows need 16
-bytes),
-fewer key/value heads than query heads (grouped-query attention, read in place), and fewer queries
-than keys (a KV cache; causal aligned to the bottom right). float16 and bfloat16 only.
+bytes), fewer key/value heads than query heads (grouped-query attention, read in place), and fewer
+queries than keys (a KV cache; causal aligned to the bottom right). float16 and bfloat16 only.
 """
 from __future__ import annotations
 

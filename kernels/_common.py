@@ -400,6 +400,18 @@ _TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
 _MISSING = object()
 
 
+def descriptor(t, shape, strides, block_shape=None):
+    """A host TensorDescriptor over t (block shape given, or set before each launch), made without
+    the dataclass's own checks where the caller has made them (a 16-byte aligned base, strides
+    of 16-byte multiples, a unit last stride): they cost more host time than a small launch."""
+    if not all(shape):
+        return TensorDescriptor(t, shape, strides, [1] * len(shape))  # raises: an empty dim
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.padding = t, shape, strides, "zero"
+    d.block_shape = [1] * len(shape) if block_shape is None else block_shape
+    return d
+
+
 def specialization_key(args, prefix=()) -> tuple | None:
     """A key for what Triton 3.6 specialises a kernel on, given its runtime (not constexpr)
     arguments in order: two calls with equal keys get the same specialisation. None for an
@@ -648,6 +660,7 @@ __all__ = [
     "check_tensor",
     "check_warps",
     "default_warps",
+    "descriptor",
     "dot",
     "empty",
     "empty_like",

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty, has_tma,
-                      interpreting, is_fake, launch, layout_key, next_pow2, plan_cache)
+from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
+                      has_tma, interpreting, is_fake, launch, layout_key, next_pow2, plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -214,18 +214,6 @@ def _attn_fwd_pointers(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh
     _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs, skb, skh, sks,
                   svb, svh, svs, HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, 2,
                   BLOCK_M, BLOCK_N)
-
-
-def _descriptor(t, shape, strides, block_shape=None):
-    """A host TensorDescriptor over t (block shape given, or set before each launch), made without
-    the dataclass's own checks where _check_inputs has made them (a 16-byte aligned base, strides
-    of 16-byte multiples, a unit last stride): they cost more host time than a small launch."""
-    if not all(shape):
-        return TensorDescriptor(t, shape, strides, [1] * len(shape))  # raises: an empty dim
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.padding = t, shape, strides, "zero"
-    d.block_shape = [1] * len(shape) if block_shape is None else block_shape
-    return d
 
 
 def _descriptor_pre_hook(nargs):
@@ -416,9 +404,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     sizes = (seq, k.shape[2], heads, heads // k.shape[1])
     if plan.host and plan.strided:
         # Block shapes are filled in just before each launch (_descriptor_pre_hook).
-        q_arg, k_arg, v_arg = (_descriptor(t, list(t.shape), list(t.stride())) for t in (q, k, v))
+        q_arg, k_arg, v_arg = (descriptor(t, list(t.shape), list(t.stride())) for t in (q, k, v))
     elif plan.host:
-        q_arg, k_arg, v_arg = (_descriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim],
+        q_arg, k_arg, v_arg = (descriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim],
                                            [head_dim, 1]) for t in (q, k, v))
     else:  # no TMA: pointers and the strides of batch, head and row
         q_arg, k_arg, v_arg = q, k, v
@@ -477,10 +465,10 @@ class _Steady:
         lse = None if self.lse_shape is None else empty(self.lse_shape, torch.float32, q.device)
         seq, seq_k, heads, group = self.ints
         if self.specs is None:
-            descs = [_descriptor(t, list(t.shape), list(t.stride()), b)
+            descs = [descriptor(t, list(t.shape), list(t.stride()), b)
                      for t, b in zip((q, k, v), self.blocks)]
         else:
-            descs = [_descriptor(t, *spec) for t, spec in zip((q, k, v), self.specs)]
+            descs = [descriptor(t, *spec) for t, spec in zip((q, k, v), self.specs)]
         launch(_attn_fwd, self.grid, *descs, out, out if lse is None else lse, sm_scale, seq,
                seq_k, heads, group, **self.kwargs)
         return out if lse is None else (out, lse)

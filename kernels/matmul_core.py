@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from ._common import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
-                      check_warps, empty, launch, next_pow2, plan_strides, sm_count_of)
+                      check_warps, descriptor, empty, has_tma, launch, next_pow2, plan_strides,
+                      sm_count_of)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 
@@ -123,6 +124,50 @@ def _matmul_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_b
 
 
 @triton.jit
+def _matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, s_bias, HAS_BIAS: tl.constexpr,
+                       ACTIVATION: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, SPLIT_STORE: tl.constexpr, FLATTEN: tl.constexpr,
+                       INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The same matmul and epilogue as _matmul_kernel on Hopper's TMA: persistent (one program
+    per SM walks the tiles in _grouped order), tiles loaded through host tensor descriptors
+    (out-of-bounds elements read as zeros, so no masks), the result stored through one. A_T: a's
+    descriptor is over x transposed (K, M), an x whose K dim is contiguous; B_T: b's is over the
+    weight transposed (N, K), nn.Linear's layout. SPLIT_STORE: the tile stored as two halves,
+    which halves the shared memory the store stages through (Triton's persistent-matmul
+    tutorial)."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _grouped(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(k_tiles):
+            off_k = k * BLOCK_K
+            if A_T:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_T:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
+        acc = _add_bias(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, s_bias, HAS_BIAS)
+        acc = _activate(acc, ACTIVATION)
+        # One rounding to the output dtype, at the store; rows and columns past M, N are not
+        # written (TMA clips them).
+        if SPLIT_STORE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@triton.jit
 def _activation_kernel(h_ptr, out_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
     """The unfused activation: out = act(h), flat and contiguous, math in float32."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -219,10 +264,23 @@ class GemmLaunch(NamedTuple):
     kwargs: dict
     # Copy x / weight to K-contiguous first (tf32: see gemm_launch); the strides are the copies'.
     copies: tuple = (False, False)
+    # The persistent TMA kernel's launch where the device has TMA and the layouts allow it (run_gemm
+    # still takes _matmul_kernel for a call whose tensors are not 16-byte aligned).
+    tma: TmaLaunch | None = None
+
+
+class TmaLaunch(NamedTuple):
+    """How run_gemm launches _matmul_tma_kernel: the grid (one program per SM at most), the
+    (shape, strides, block shape) of the descriptors over x (or x transposed), the weight (or its
+    transpose) and the output, and the kernel's constexprs and options."""
+
+    grid: tuple
+    specs: tuple
+    kwargs: dict
 
 
 def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, block_n, block_k,
-                group_m, num_warps, num_stages) -> GemmLaunch:
+                group_m, num_warps, num_stages, split_store=None, flatten=False) -> GemmLaunch:
     """The tiles (gemm_config's unless given: checked), grid and arguments of act(x @ weight +
     bias) into an (M, N) output of out_strides."""
     M, K = x.shape
@@ -236,14 +294,50 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
                                  cfg.num_stages if num_stages is None else num_stages)
     has_bias = bias is not None
     copies = tf32_copies(x, weight, precision)
+    strides = operand_strides(x, weight, copies)
+    s_bias = plan_strides(bias)[0] if has_bias else 0
+    common = dict(HAS_BIAS=has_bias, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  GROUP_M=gm, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
+                  num_warps=warps, num_stages=stages)
+    tma = None
+    specs, a_t, b_t = _tma_specs(x, weight, strides, out_strides, (bm, bn, bk))
+    if specs is not None and precision != "ieee" and has_tma(x.device):
+        split = split_store if split_store is not None else bn >= 64
+        tma = TmaLaunch(
+            (min(sm_count_of(x.device), cdiv(M, bm) * cdiv(N, bn)),),
+            specs if not split else (*specs[:2], (*specs[2][:2], [bm, bn // 2])),
+            dict(common, A_T=a_t, B_T=b_t, SPLIT_STORE=split,
+                 FLATTEN=bool(flatten)))
     return GemmLaunch(
         None if M == 0 or N == 0 else (cdiv(M, bm) * cdiv(N, bn),),
-        (M, N, K, *operand_strides(x, weight, copies), plan_strides(bias)[0] if has_bias else 0,
-         *out_strides),
-        dict(HAS_BIAS=has_bias, ACTIVATION=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-             GROUP_M=gm, EVEN_K=K % bk == 0, INPUT_PRECISION=precision,
-             UPCAST=_upcast_bf16(x.dtype), num_warps=warps, num_stages=stages),
-        copies)
+        (M, N, K, *strides, s_bias, *out_strides),
+        dict(common, EVEN_K=K % bk == 0), copies, tma)
+
+
+def _tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
+    """((shape, strides, block shape) of the descriptors over x (M, K), weight (K, N) and the (M, N)
+    output, each over the tensor or its transpose, whichever has a unit last stride; whether x's
+    is over x transposed; whether the weight's is): specs None where a
+    layout cannot be read through TMA: no unit stride, another stride not a multiple of 16 bytes
+    or overlapping rows (an expanded tensor), an empty dim. (The bases' alignment is a property of
+    each call's tensors: run_gemm checks it.)"""
+    (M, K), N = x.shape, weight.shape[1]
+    bm, bn, bk = blocks
+    size = x.element_size()
+    specs, flipped = [], []
+    for (rows, cols), (s_r, s_c), (b_r, b_c) in (((M, K), strides[0:2], (bm, bk)),
+                                                  ((K, N), strides[2:4], (bk, bn)),
+                                                  ((M, N), out_strides, (bm, bn))):
+        if min(rows, cols) == 0:
+            return None, False, False
+        if s_c == 1 and s_r >= cols and (s_r * size) % 16 == 0:
+            specs.append(([rows, cols], [s_r, 1], [b_r, b_c]))
+        elif s_r == 1 and s_c >= rows and (s_c * size) % 16 == 0 and len(specs) < 2:
+            specs.append(([cols, rows], [s_c, 1], [b_c, b_r]))
+            flipped.append(len(specs) - 1)
+        else:
+            return None, False, False
+    return tuple(specs), 0 in flipped, 1 in flipped
 
 
 def tf32_copies(x, weight, precision) -> tuple:
@@ -276,8 +370,16 @@ def k_major(x, weight, copies) -> tuple:
 
 def run_gemm(x, weight, bias, out, how: GemmLaunch):
     """Launch _matmul_kernel as `how` says: out = act(x @ weight + bias)."""
-    if how.grid is not None:
-        x, weight = k_major(x, weight, how.copies)
+    if how.grid is None:
+        return out
+    x, weight = k_major(x, weight, how.copies)
+    tma = how.tma
+    if tma is not None and not (x.data_ptr() | weight.data_ptr() | out.data_ptr()) & 15:
+        (a_spec, b_spec, c_spec), M, N, K = tma.specs, *how.sizes_strides[:3]
+        launch(_matmul_tma_kernel, tma.grid, descriptor(x, *a_spec), descriptor(weight, *b_spec),
+               descriptor(out, *c_spec), x if bias is None else bias, M, N, K,
+               how.sizes_strides[7], **tma.kwargs)
+    else:
         launch(_matmul_kernel, how.grid, x, weight, x if bias is None else bias, out,
                *how.sizes_strides, **how.kwargs)
     return out

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
+from triton_fusion_report.kernels import _common
 from triton_fusion_report.kernels import linear_activation as la
 from triton_fusion_report.kernels import matmul_core as mc
 from triton_fusion_report.kernels import softmax_regression as sr
@@ -279,6 +280,61 @@ def test_tf32_operands_copied_k_major(x_t, w_t, device):
         assert rel_err(got, ref) <= TOL["tf32"]
     assert sr._fused_launch(x, w, b, "simple", None, None, None, "tf32", None,
                             None).copies == (False, False)
+
+
+def _kernels_run(monkeypatch):
+    """The names of the kernels run_gemm launches from now on."""
+    names = []
+    real = mc.launch
+
+    def spy(kernel, *args, **kwargs):
+        names.append(kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(mc, "launch", spy)
+    return names
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_t, w_t", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("split, flatten", [(True, False), (False, True)])
+def test_tma_matmul_matches_float64(dtype, x_t, w_t, split, flatten, device, monkeypatch):
+    """The persistent TMA kernel (sm_90+, and the interpreter): partial M and N tiles with
+    16-byte rows, both operand layouts, several tiles per program (3 programs, 15 tiles), a partial K
+    tile (K=48 with 32-deep tiles), the split store; poisoned outputs catch an unwritten tile."""
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", 3)
+    M, K, N = 72, 48, 40
+    x = torch.randn(K, M, device=device).t() if x_t else torch.randn(M, K, device=device)
+    w = torch.randn(N, K, device=device).t() if w_t else torch.randn(K, N, device=device)
+    x, w, b = x.to(dtype), (w / K ** 0.5).to(dtype), torch.randn(N, device=device).to(dtype)
+    how = mc.gemm_launch(x, w, b, (N, 1), "gelu", "tf32", 16, 16, 32, 2, 4, 2, split, flatten)
+    assert how.tma is not None and how.tma.grid == (3,)
+    names = _kernels_run(monkeypatch)
+    out = mc.run_gemm(x, w, b, mc.empty((M, N), dtype, x.device), how)
+    assert names == ["_matmul_tma_kernel"]
+    assert rel_err(out, la_ref64(x, w, b, "gelu")) <= tol(dtype, "tf32")
+
+
+def test_tma_matmul_falls_back(device, monkeypatch):
+    """Layouts TMA cannot read take _matmul_kernel: rows not a multiple of 16 bytes (the plan
+    knows), a base off 16 bytes (the call's tensors: checked at each call), IEEE float32."""
+    names = _kernels_run(monkeypatch)
+    x, w, b = la_inputs(33, 70, 50, torch.float16, device)  # 140-byte rows
+    assert mc.gemm_launch(x, w, b, (50, 1), "relu", "tf32", *[None] * 6).tma is None
+    la.linear_act_fused(x, w, b, "relu")
+    assert names.pop() == "_matmul_kernel"
+    x, w, b = la_inputs(34, 64, 48, torch.float16, device)
+    x = x[1:]  # 128-byte rows, base 128 bytes in: aligned
+    la.linear_act_fused(x, w, b, "relu")
+    assert names.pop() == "_matmul_tma_kernel"
+    flat = torch.randn(33 * 64 + 1, device=device).half()
+    x_off = flat[1:].view(33, 64)  # 2 bytes in: the same layout, an unaligned base
+    out = la.linear_act_fused(x_off, w, b, "relu")
+    assert names.pop() == "_matmul_kernel"
+    assert rel_err(out, la_ref64(x_off, w, b, "relu")) <= TOL[torch.float16]
+    x32, w32, b32 = la_inputs(33, 64, 48, torch.float32, device)
+    la.linear_act_fused(x32, w32, b32, "relu", input_precision="ieee")
+    assert names.pop() == "_matmul_kernel"
 
 
 def test_matmul_helper(device):

@@ -81,6 +81,27 @@ def _mm_tile(a_ptr, b_ptr, pid_m, pid_n, M, N, K, s_am, s_ak, s_bk, s_bn,
 
 
 @triton.jit
+def tma_tile(a_desc, b_desc, off_m, off_n, k_tiles, A_T: tl.constexpr, B_T: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 tile a[off_m:, :] @ b[:, off_n:] read through host descriptors (see
+    _matmul_tma_kernel for A_T, B_T); parts past the tensors' edges read as zeros."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(k_tiles):
+        off_k = k * BLOCK_K
+        if A_T:
+            a = a_desc.load([off_k, off_m]).T
+        else:
+            a = a_desc.load([off_m, off_k])
+        if B_T:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
+    return acc
+
+
+@triton.jit
 def _add_bias(acc, bias_ptr, cols, N, s_bias, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         # Masked, not wrapped: a wrapped index would defeat the vectorisation hints of _mm_tile.
@@ -137,23 +158,13 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, s_bias, HAS_BI
     which halves the shared memory the store stages through (Triton's persistent-matmul
     tutorial)."""
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_tiles = tl.cdiv(K, BLOCK_K)  # TMA reads past K as zeros: no mask on the last tile
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _grouped(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k in range(k_tiles):
-            off_k = k * BLOCK_K
-            if A_T:
-                a = a_desc.load([off_k, off_m]).T
-            else:
-                a = a_desc.load([off_m, off_k])
-            if B_T:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
+        acc = tma_tile(a_desc, b_desc, off_m, off_n, k_tiles, A_T, B_T, BLOCK_M, BLOCK_N,
+                       BLOCK_K, INPUT_PRECISION, UPCAST)
         acc = _add_bias(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, s_bias, HAS_BIAS)
         acc = _activate(acc, ACTIVATION)
         # One rounding to the output dtype, at the store; rows and columns past M, N are not
@@ -300,7 +311,7 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
                   GROUP_M=gm, INPUT_PRECISION=precision, UPCAST=_upcast_bf16(x.dtype),
                   num_warps=warps, num_stages=stages)
     tma = None
-    specs, a_t, b_t = _tma_specs(x, weight, strides, out_strides, (bm, bn, bk))
+    specs, a_t, b_t = tma_specs(x, weight, strides, out_strides, (bm, bn, bk))
     if specs is not None and precision != "ieee" and has_tma(x.device):
         split = split_store if split_store is not None else bn >= 64
         tma = TmaLaunch(
@@ -314,10 +325,10 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
         dict(common, EVEN_K=K % bk == 0), copies, tma)
 
 
-def _tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
+def tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
     """((shape, strides, block shape) of the descriptors over x (M, K), weight (K, N) and the (M, N)
-    output, each over the tensor or its transpose, whichever has a unit last stride; whether x's
-    is over x transposed; whether the weight's is): specs None where a
+    output (none if out_strides is None), each over the tensor or its transpose, whichever has a
+    unit last stride; whether x's is over x transposed; whether the weight's is): specs None where a
     layout cannot be read through TMA: no unit stride, another stride not a multiple of 16 bytes
     or overlapping rows (an expanded tensor), an empty dim. (The bases' alignment is a property of
     each call's tensors: run_gemm checks it.)"""
@@ -327,7 +338,9 @@ def _tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
     specs, flipped = [], []
     for (rows, cols), (s_r, s_c), (b_r, b_c) in (((M, K), strides[0:2], (bm, bk)),
                                                   ((K, N), strides[2:4], (bk, bn)),
-                                                  ((M, N), out_strides, (bm, bn))):
+                                                  ((M, N), out_strides or (0, 0), (bm, bn))):
+        if len(specs) == 2 and out_strides is None:
+            break
         if min(rows, cols) == 0:
             return None, False, False
         if s_c == 1 and s_r >= cols and (s_r * size) % 16 == 0:

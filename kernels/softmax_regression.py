@@ -37,13 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, empty, launch, layout_key,
-                      plan_cache, plan_strides, sm_count_of)
+from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, descriptor, empty, has_tma,
+                      launch, layout_key, plan_cache, plan_strides, sm_count_of)
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
                           _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
-                          operand_strides, tf32_copies)
+                          operand_strides, tf32_copies, tma_specs, tma_tile)
 
 SIMPLE, TILED, ONLINE, TWO_PASS_STORE = "simple", "tiled", "online", "two_pass_store"
 METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE)
@@ -112,15 +112,10 @@ def _ms_tiled_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, B, C, K, s_xb, s_xk, s_wk,
 
 
 @triton.jit
-def _ms_stats_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_part, l_part, B, C, K, s_xb, s_xk, s_wk,
-                     s_wc, s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
-                     STORE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr, EVEN_K: tl.constexpr,
-                     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Pass 1 of "online" and "two_pass_store": per (row, C tile) max and sum of exp."""
-    pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
-    acc, rows, cols = _mm_tile(x_ptr, w_ptr, pid_b, pid_c, B, C, K, s_xb, s_xk, s_wk, s_wc,
-                               BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+def _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C, s_bias,
+                    s_ob, n_tiles, HAS_BIAS: tl.constexpr, STORE_LOGITS: tl.constexpr):
+    """Pass 1's epilogue on a logits tile: the bias; with STORE_LOGITS the logits stored in out;
+    per row the tile's max and sum of exp."""
     acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
     row_ok = rows < B
     col_ok = cols < C
@@ -136,6 +131,38 @@ def _ms_stats_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_part, l_part, B, C, K, s
     part = rows.to(tl.int64) * n_tiles + pid_c
     tl.store(m_part + part, m, mask=row_ok)
     tl.store(l_part + part, l, mask=row_ok)
+
+
+@triton.jit
+def _ms_stats_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_part, l_part, B, C, K, s_xb, s_xk, s_wk,
+                     s_wc, s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
+                     STORE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr, EVEN_K: tl.constexpr,
+                     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Pass 1 of "online" and "two_pass_store": per (row, C tile) max and sum of exp."""
+    pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
+    acc, rows, cols = _mm_tile(x_ptr, w_ptr, pid_b, pid_c, B, C, K, s_xb, s_xk, s_wk, s_wc,
+                               BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+    _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C, s_bias, s_ob,
+                    n_tiles, HAS_BIAS, STORE_LOGITS)
+
+
+@triton.jit
+def _ms_stats_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_part, l_part, B, C, K, s_bias, s_ob,
+                         n_tiles, HAS_BIAS: tl.constexpr, STORE_LOGITS: tl.constexpr,
+                         A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_B: tl.constexpr,
+                         BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """_ms_stats_kernel on Hopper's TMA, persistent (as matmul_core._matmul_tma_kernel)."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
+        pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
+        acc = tma_tile(a_desc, b_desc, pid_b * BLOCK_B, pid_c * BLOCK_C, k_tiles, A_T, B_T,
+                       BLOCK_B, BLOCK_C, BLOCK_K, INPUT_PRECISION, UPCAST)
+        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C, s_bias,
+                        s_ob, n_tiles, HAS_BIAS, STORE_LOGITS)
 
 
 @triton.jit
@@ -163,6 +190,19 @@ def _ms_combine_kernel(m_part, l_part, m_ptr, il_ptr, B, n_tiles, BLOCK_R: tl.co
 
 
 @triton.jit
+def _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, s_bias, s_ob,
+                    HAS_BIAS: tl.constexpr):
+    """Pass 2's epilogue of "online" on a recomputed logits tile: exp(s - m) / l stored."""
+    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
+    row_ok = rows < B
+    m = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
+    il = tl.load(il_ptr + rows, mask=row_ok, other=0.0)
+    p = tl.exp(acc - m[:, None]) * il[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :],
+             p.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < C)[None, :])
+
+
+@triton.jit
 def _ms_probs_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_xb, s_xk, s_wk,
                      s_wc, s_bias, s_ob, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
@@ -171,13 +211,27 @@ def _ms_probs_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_
     pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
     acc, rows, cols = _mm_tile(x_ptr, w_ptr, pid_b, pid_c, B, C, K, s_xb, s_xk, s_wk, s_wc,
                                BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
-    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
-    row_ok = rows < B
-    m = tl.load(m_ptr + rows, mask=row_ok, other=0.0)
-    il = tl.load(il_ptr + rows, mask=row_ok, other=0.0)
-    p = tl.exp(acc - m[:, None]) * il[:, None]
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :],
-             p.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < C)[None, :])
+    _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, s_bias, s_ob,
+                    HAS_BIAS)
+
+
+@triton.jit
+def _ms_probs_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_bias, s_ob,
+                         HAS_BIAS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_B: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                         UPCAST: tl.constexpr):
+    """_ms_probs_kernel on Hopper's TMA, persistent."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(C, BLOCK_C)
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+        pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
+        acc = tma_tile(a_desc, b_desc, pid_b * BLOCK_B, pid_c * BLOCK_C, k_tiles, A_T, B_T,
+                       BLOCK_B, BLOCK_C, BLOCK_K, INPUT_PRECISION, UPCAST)
+        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, s_bias, s_ob,
+                        HAS_BIAS)
 
 
 @triton.jit
@@ -315,6 +369,10 @@ class _FusedLaunch(NamedTuple):
     dot_args: dict
     options: dict
     copies: tuple
+    # The multi-tile methods on Hopper's TMA: (descriptor specs of x and the weight, A_T, B_T) as
+    # matmul_core.tma_specs gives them, where the layouts allow it; the call still takes the
+    # pointer kernels if its tensors are not 16-byte aligned.
+    tma: tuple | None = None
 
 
 def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_precision, num_warps,
@@ -331,10 +389,15 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     aligned = weight if copies[1] else _aligned_rows(weight, B)
     strides = (*operand_strides(x, aligned, copies),
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
+    tma = None
+    if plan.method in (ONLINE, TWO_PASS_STORE) and plan.precision != "ieee" and has_tma(x.device):
+        specs, a_t, b_t = tma_specs(x, aligned, strides[:4], None,
+                                    (plan.block_b, plan.block_c, plan.block_k))
+        tma = None if specs is None else (specs, a_t, b_t)
     return _FusedLaunch(plan, aligned is not weight, strides,
                         dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
                              EVEN_K=K % plan.block_k == 0),
-                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies)
+                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies, tma)
 
 
 _PLANS = plan_cache()
@@ -379,9 +442,21 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     m_part = empty((B, n_tiles), torch.float32, x.device)
     l_part = empty((B, n_tiles), torch.float32, x.device)
     store = plan.method == TWO_PASS_STORE
-    launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K, *strides,
-           n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, BLOCK_B=plan.block_b,
-           BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args, **options)
+    blocks = dict(BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP)
+    tma = how.tma
+    if tma is not None and not (x.data_ptr() | weight.data_ptr()) & 15:
+        (a_spec, b_spec), a_t, b_t = tma
+        descs = (descriptor(x, *a_spec), descriptor(weight, *b_spec))
+        tma_grid = (min(sm_count_of(x.device), grid[0]),)
+        tma_args = dict(A_T=a_t, B_T=b_t, INPUT_PRECISION=dot_args["INPUT_PRECISION"],
+                        UPCAST=dot_args["UPCAST"], **blocks, **options)
+        launch(_ms_stats_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
+               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **tma_args)
+    else:
+        descs = None
+        launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K,
+               *strides, n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **blocks, **dot_args,
+               **options)
     m = empty((B,), torch.float32, x.device)
     inv_l = empty((B,), torch.float32, x.device)
     block_t = _pow2(n_tiles, 16, 128)
@@ -392,10 +467,12 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         block_r = max(1, 8192 // block_n)
         launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
                inv_l, B, C, C, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
+    elif descs is not None:
+        launch(_ms_probs_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
+               strides[4], strides[5], HAS_BIAS=has_bias, **tma_args)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
-               HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k,
-               GROUP_B=GROUP, **dot_args, **options)
+               HAS_BIAS=has_bias, **blocks, **dot_args, **options)
     return out
 
 

@@ -312,10 +312,14 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
                   num_warps=warps, num_stages=stages)
     tma = None
     specs, a_t, b_t = tma_specs(x, weight, strides, out_strides, (bm, bn, bk))
-    if specs is not None and precision != "ieee" and has_tma(x.device):
+    tiles = cdiv(M, bm) * cdiv(N, bn)
+    # Below one tile per SM a call is launch-bound: the pointer kernel's launch is the cheaper
+    # (no descriptors to make and encode), and persistence has nothing to walk.
+    if (specs is not None and precision != "ieee" and tiles >= sm_count_of(x.device)
+            and has_tma(x.device)):
         split = split_store if split_store is not None else bn >= 64
         tma = TmaLaunch(
-            (min(sm_count_of(x.device), cdiv(M, bm) * cdiv(N, bn)),),
+            (sm_count_of(x.device),),
             specs if not split else (*specs[:2], (*specs[2][:2], [bm, bn // 2])),
             dict(common, A_T=a_t, B_T=b_t, SPLIT_STORE=split,
                  FLATTEN=bool(flatten)))

@@ -390,7 +390,10 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     strides = (*operand_strides(x, aligned, copies),
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
     tma = None
-    if plan.method in (ONLINE, TWO_PASS_STORE) and plan.precision != "ieee" and has_tma(x.device):
+    tiles = cdiv(B, plan.block_b) * cdiv(C, plan.block_c)
+    # As matmul_core.gemm_launch: TMA where the grid holds at least one tile per SM.
+    if (plan.method in (ONLINE, TWO_PASS_STORE) and plan.precision != "ieee"
+            and tiles >= sm_count_of(x.device) and has_tma(x.device)):
         specs, a_t, b_t = tma_specs(x, aligned, strides[:4], None,
                                     (plan.block_b, plan.block_c, plan.block_k))
         tma = None if specs is None else (specs, a_t, b_t)
@@ -447,7 +450,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     if tma is not None and not (x.data_ptr() | weight.data_ptr()) & 15:
         (a_spec, b_spec), a_t, b_t = tma
         descs = (descriptor(x, *a_spec), descriptor(weight, *b_spec))
-        tma_grid = (min(sm_count_of(x.device), grid[0]),)
+        tma_grid = (sm_count_of(x.device),)
         tma_args = dict(A_T=a_t, B_T=b_t, INPUT_PRECISION=dot_args["INPUT_PRECISION"],
                         UPCAST=dot_args["UPCAST"], **blocks, **options)
         launch(_ms_stats_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,

@@ -339,8 +339,13 @@ def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
 
 def test_tma_matmul_falls_back(device, monkeypatch):
     """Layouts TMA cannot read take _matmul_kernel: rows not a multiple of 16 bytes (the plan
-    knows), a base off 16 bytes (the call's tensors: checked at each call), IEEE float32."""
+    knows), a base off 16 bytes (the call's tensors: checked at each call), IEEE float32; so does
+    a grid of fewer tiles than SMs (launch-bound)."""
     names = _kernels_run(monkeypatch)
+    x, w, b = la_inputs(34, 64, 48, torch.float16, device)
+    assert mc.gemm_launch(x, w, b, (48, 1), "relu", "tf32", *[None] * 6).tma is None  # 132 SMs
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", 1)
+    assert mc.gemm_launch(x, w, b, (48, 1), "relu", "tf32", *[None] * 6).tma.grid == (1,)
     x, w, b = la_inputs(33, 70, 50, torch.float16, device)  # 140-byte rows
     assert mc.gemm_launch(x, w, b, (50, 1), "relu", "tf32", *[None] * 6).tma is None
     la.linear_act_fused(x, w, b, "relu")

@@ -53,7 +53,7 @@ def select_ops(problems: list[sweep.Problem], ops: list[str] | None) -> list[swe
 
 def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> list[sweep.Problem]:
     """The problems whose shape has every COL=VALUE of `where` (a few headline shapes measured
-    alone); a problem without the column is left out."""
+    alone; COL=V1,V2 keeps either value); a problem without the column is left out."""
     if not where:
         return problems
     wanted = {}
@@ -61,10 +61,10 @@ def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> lis
         col, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--where {item}: expected COLUMN=VALUE, e.g. seq=4096")
-        wanted[col] = int(value) if value.lstrip("-").isdigit() else {
-            "True": True, "False": False}.get(value, value)
+        wanted[col] = [int(v) if v.lstrip("-").isdigit() else {"True": True, "False": False}.get(v, v)
+                       for v in value.split(",")]
     return [p for p in problems
-            if all(col in p.shape and p.shape[col] == v for col, v in wanted.items())]
+            if all(col in p.shape and p.shape[col] in vs for col, vs in wanted.items())]
 
 
 def parse(argv=None):
@@ -79,7 +79,7 @@ def parse(argv=None):
                          "softmax_bwd for the softmax backward alone")
     ap.add_argument("--where", action="append", metavar="COL=VALUE",
                     help="keep only the problems whose shape has this value (repeatable), e.g. "
-                         "--where seq=4096 --where head_dim=128")
+                         "--where seq=4096 --where head_dim=128; COL=V1,V2 keeps either")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--workers", type=int, default=None,
                     help="processes sharing the configurations, one per GPU (default: every "

@@ -503,3 +503,16 @@ def test_workers_share_the_problems_and_merge(tmp_path):
     assert set(df["run_id"]) <= set(runs["run_id"]) and runs["rows"].sum() == len(df)
     assert set(pd.read_parquet(out / "limits.parquet")["run_id"]) == set(runs["run_id"])
     assert not (out / ".parts").exists()
+
+
+def test_where_selects_shapes():
+    """--where COL=VALUE keeps the problems with that value (COL=V1,V2: either); several keys
+    must all hold; a problem without the column is left out."""
+    from triton_fusion_report.analysis.__main__ import select_shapes
+    from triton_fusion_report.analysis import matmul_epilogue as me
+
+    problems = me.matmul_softmax_problems("full")
+    assert [p.shape["n"] for p in select_shapes(problems, ["m=4096"])] == [128256, 50257]
+    both = select_shapes(problems, ["m=16384,4096", "k=1024"])
+    assert [(p.shape["m"], p.shape["n"]) for p in both] == [(16384, 32000), (4096, 128256)]
+    assert select_shapes(problems, ["seq=4096"]) == []

@@ -346,6 +346,8 @@ def linear_act_findings(df) -> dict:
     tf32_m = int(tf32["m"].max()) if len(tf32) else 0
     tf32 = tf32[tf32["m"] == tf32_m]
     return dict(fused_tflops=R.value_at(sel, "triton_fused", "tflops"),
+                unfused_tflops=R.value_at(sel, "triton_unfused", "tflops"),
+                compile_tflops=R.value_at(sel, "torch_compile", "tflops"),
                 cublas_tflops=R.value_at(sel, "cublas", "tflops"),
                 eager_tflops=R.value_at(sel, "torch_eager", "tflops"),
                 tf32_m=tf32_m, **{f"tf32_{impl}_ms": R.value_at(tf32, impl, "ms_median")

@@ -96,19 +96,41 @@ def _ms_simple_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, C, K, s_xb, s_xk, s_wk, s
 
 
 @triton.jit
+def _tiled_epilogue(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob,
+                    HAS_BIAS: tl.constexpr):
+    """The bias and the row softmax of a tile holding all C logits of its rows; one store."""
+    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
+    # Padding classes (wrapped, finite values, or TMA's zeros) are -inf: no weight in the max or
+    # the sum.
+    s = tl.where((cols < C)[None, :], acc, NEG_INF)
+    p = tl.exp(s - tl.max(s, 1)[:, None])
+    p = p * (1.0 / tl.sum(p, 1))[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :],
+             p.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < B) & (cols[None, :] < C))
+
+
+@triton.jit
 def _ms_tiled_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, B, C, K, s_xb, s_xk, s_wk, s_wc, s_bias,
                      s_ob, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                      UPCAST: tl.constexpr):
     acc, rows, cols = _mm_tile(x_ptr, w_ptr, tl.program_id(0), 0, B, C, K, s_xb, s_xk, s_wk, s_wc,
                                BLOCK_B, BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
-    acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
-    # Padding classes (wrapped, finite values) are -inf: no weight in the max or the sum.
-    s = tl.where((cols < C)[None, :], acc, NEG_INF)
-    p = tl.exp(s - tl.max(s, 1)[:, None])
-    p = p * (1.0 / tl.sum(p, 1))[:, None]
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * s_ob + cols[None, :],
-             p.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < B) & (cols[None, :] < C))
+    _tiled_epilogue(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS)
+
+
+@triton.jit
+def _ms_tiled_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, B, C, K, s_bias, s_ob,
+                         HAS_BIAS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """_ms_tiled_kernel on Hopper's TMA, persistent over the row blocks."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B), tl.num_programs(0)):
+        acc = tma_tile(a_desc, b_desc, tile * BLOCK_B, 0, k_tiles, A_T, B_T, BLOCK_B, BLOCK_C,
+                       BLOCK_K, INPUT_PRECISION, UPCAST)
+        _tiled_epilogue(acc, tile * BLOCK_B + tl.arange(0, BLOCK_B), tl.arange(0, BLOCK_C),
+                        bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS)
 
 
 @triton.jit
@@ -391,9 +413,10 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
     tma = None
     tiles = cdiv(B, plan.block_b) * cdiv(C, plan.block_c)
-    # As matmul_core.gemm_launch: TMA where the grid holds at least one tile per SM.
-    if (plan.method in (ONLINE, TWO_PASS_STORE) and plan.precision != "ieee"
-            and tiles >= sm_count_of(x.device) and has_tma(x.device)):
+    # As matmul_core.gemm_launch: TMA where the grid holds at least one tile per SM. (A TMA box
+    # spans at most 256 elements a dim: "tiled" up to 256 classes.)
+    if (plan.method != SIMPLE and plan.precision != "ieee" and tiles >= sm_count_of(x.device)
+            and (plan.method != TILED or plan.block_c <= 256) and has_tma(x.device)):
         specs, a_t, b_t = tma_specs(x, aligned, strides[:4], None,
                                     (plan.block_b, plan.block_c, plan.block_k))
         tma = None if specs is None else (specs, a_t, b_t)
@@ -434,10 +457,24 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         launch(_ms_simple_kernel, (B,), x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
                BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
         return out
+    tma = how.tma
+    if tma is not None and (x.data_ptr() | weight.data_ptr()) & 15:
+        tma = None  # this call's bases are not 16-byte aligned: the pointer kernels
+    if tma is not None:
+        (a_spec, b_spec), a_t, b_t = tma
+        descs = (descriptor(x, *a_spec), descriptor(weight, *b_spec))
+        tma_grid = (sm_count_of(x.device),)
+        tma_args = dict(A_T=a_t, B_T=b_t, INPUT_PRECISION=dot_args["INPUT_PRECISION"],
+                        UPCAST=dot_args["UPCAST"], BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
+                        BLOCK_K=plan.block_k, **options)
     if plan.method == TILED:
-        launch(_ms_tiled_kernel, (cdiv(B, plan.block_b),), x, weight, bias_arg, out, B, C, K,
-               *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
-               BLOCK_K=plan.block_k, **dot_args, **options)
+        if tma is not None:
+            launch(_ms_tiled_tma_kernel, tma_grid, *descs, bias_arg, out, B, C, K, strides[4],
+                   strides[5], HAS_BIAS=has_bias, **tma_args)
+        else:
+            launch(_ms_tiled_kernel, (cdiv(B, plan.block_b),), x, weight, bias_arg, out, B, C,
+                   K, *strides, HAS_BIAS=has_bias, BLOCK_B=plan.block_b, BLOCK_C=plan.block_c,
+                   BLOCK_K=plan.block_k, **dot_args, **options)
         return out
     # online / two_pass_store: per-(row, C tile) partials, combined per row.
     n_tiles = cdiv(C, plan.block_c)
@@ -446,17 +483,11 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     l_part = empty((B, n_tiles), torch.float32, x.device)
     store = plan.method == TWO_PASS_STORE
     blocks = dict(BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP)
-    tma = how.tma
-    if tma is not None and not (x.data_ptr() | weight.data_ptr()) & 15:
-        (a_spec, b_spec), a_t, b_t = tma
-        descs = (descriptor(x, *a_spec), descriptor(weight, *b_spec))
-        tma_grid = (sm_count_of(x.device),)
-        tma_args = dict(A_T=a_t, B_T=b_t, INPUT_PRECISION=dot_args["INPUT_PRECISION"],
-                        UPCAST=dot_args["UPCAST"], **blocks, **options)
+    if tma is not None:
         launch(_ms_stats_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
-               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **tma_args)
+               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store,
+               GROUP_B=GROUP, **tma_args)
     else:
-        descs = None
         launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K,
                *strides, n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **blocks, **dot_args,
                **options)
@@ -470,9 +501,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         block_r = max(1, 8192 // block_n)
         launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
                inv_l, B, C, C, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
-    elif descs is not None:
+    elif tma is not None:
         launch(_ms_probs_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
-               strides[4], strides[5], HAS_BIAS=has_bias, **tma_args)
+               strides[4], strides[5], HAS_BIAS=has_bias, GROUP_B=GROUP, **tma_args)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
                HAS_BIAS=has_bias, **blocks, **dot_args, **options)

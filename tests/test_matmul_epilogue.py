@@ -317,12 +317,12 @@ def test_tma_matmul_matches_float64(dtype, x_t, w_t, split, flatten, device, mon
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("w_t", [False, True])
-@pytest.mark.parametrize("method", ["online", "two_pass_store"])
+@pytest.mark.parametrize("method", ["online", "two_pass_store", "tiled"])
 def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
-    """matmul+softmax's multi-tile methods through the persistent TMA kernels: several tiles per
-    program, a partial class tile and a partial K tile, both weight layouts."""
+    """matmul+softmax's tensor-core methods through the persistent TMA kernels: several tiles
+    per program, a partial class tile and a partial K tile, both weight layouts."""
     monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", 3)
-    B, K, C = 72, 48, 600
+    B, K, C = 72, 48, 200 if method == "tiled" else 600
     x, w, b = ms_inputs(B, K, C, dtype, device)
     if w_t:
         w = w.t().contiguous().t()
@@ -330,10 +330,15 @@ def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
     real = sr.launch
     monkeypatch.setattr(sr, "launch", lambda k, *a, **kw: names.append(k.fn.__name__ if hasattr(
         k, "fn") else k.__name__) or real(k, *a, **kw))
-    out = sr.matmul_softmax_fused(x, w, b, method=method, block_b=32, block_c=128, block_k=32,
-                                  input_precision="tf32")
-    assert names[0] == "_ms_stats_tma_kernel"
-    assert names[-1] == ("_ms_probs_tma_kernel" if method == "online" else "_ms_normalize_kernel")
+    blocks = dict(block_b=16) if method == "tiled" else dict(block_b=32, block_c=128)
+    out = sr.matmul_softmax_fused(x, w, b, method=method, block_k=32, input_precision="tf32",
+                                  **blocks)
+    if method == "tiled":
+        assert names == ["_ms_tiled_tma_kernel"]
+    else:
+        assert names[0] == "_ms_stats_tma_kernel"
+        assert names[-1] == ("_ms_probs_tma_kernel" if method == "online"
+                             else "_ms_normalize_kernel")
     check_probs(out, x, w, b, tol(dtype, "tf32"), stored=method == "two_pass_store")
 
 

@@ -86,6 +86,10 @@ def parse(argv=None):
                          "visible GPU; on the CPU 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the unfinished run in --out (one process): same run id and "
+                         "limits, only the configurations it has not written yet; refused if the "
+                         "commit, kernel sources, GPU or versions differ")
     args = ap.parse_args(argv)
     try:
         problems = select_problems(args)
@@ -101,6 +105,8 @@ def parse(argv=None):
         args.workers = torch.cuda.device_count() if cuda else 1
     if args.workers > 1 and torch.device(args.device).index is not None:
         ap.error("--workers > 1 spreads over the visible GPUs: give --device cuda, not one GPU")
+    if args.resume and args.workers > 1:
+        ap.error("--resume continues a one-process run: give --workers 1")
     args.argv = ["python -m triton_fusion_report.analysis",
                  *(argv if argv is not None else sys.argv[1:])]
     return args, problems
@@ -118,30 +124,74 @@ def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dic
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     out.mkdir(parents=True, exist_ok=True)
-    meta = machine.run_metadata(device)
-    print(f"run {meta['run_id']} on {meta['gpu']} (#{meta['gpu_index']}): torch {meta['torch']}, "
-          f"triton {meta['triton']}, cuda {meta['cuda']}, commit {meta['git_commit']}", flush=True)
     runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
     families = ",".join(args.family or sorted(FAMILIES))
-    runs.upsert(machine.run_record(meta, device, "start", args.argv, status="running",
-                                   families=families))
-    limit_rows = machine.measure_limits(device, meta)
-    # One folder may hold several runs (one per family, say): their limits accumulate.
-    sink = schema.ParquetSink(out / "limits.parquet", schema.limits_schema(), keep_existing=True)
-    for row in limit_rows:
-        sink.append(row)
-        if row["value"] is not None:
-            print(f"  {row['metric']:<12} {row['precision']:<5} {row['value']:10.1f} {row['unit']}")
+    resume = getattr(args, "resume", False)
+    if resume:
+        meta, limit_rows = resumed(out, runs, device, families)
+        total = len(problems)
+        problems = sweep.remaining(problems, out, meta["run_id"])
+        print(f"resuming run {meta['run_id']} (commit {meta['git_commit']}): "
+              f"{total - len(problems)} of {total} problems done", flush=True)
+    else:
+        meta = machine.run_metadata(device)
+        print(f"run {meta['run_id']} on {meta['gpu']} (#{meta['gpu_index']}): torch "
+              f"{meta['torch']}, triton {meta['triton']}, cuda {meta['cuda']}, commit "
+              f"{meta['git_commit']}", flush=True)
+        runs.upsert(machine.run_record(meta, device, "start", args.argv, status="running",
+                                       families=families))
+        limit_rows = machine.measure_limits(device, meta)
+        # One folder may hold several runs (one per family, say): their limits accumulate.
+        sink = schema.ParquetSink(out / "limits.parquet", schema.limits_schema(),
+                                  keep_existing=True)
+        for row in limit_rows:
+            sink.append(row)
+            if row["value"] is not None:
+                print(f"  {row['metric']:<12} {row['precision']:<5} {row['value']:10.1f} "
+                      f"{row['unit']}")
     paths = sweep.run(problems, out, device, meta, limit_rows,
-                      progress=not args.no_progress and on_row is None, on_row=on_row)
-    n_rows = sum(schema.read(path)["run_id"].eq(meta["run_id"]).sum() for path in paths.values())
+                      progress=not args.no_progress and on_row is None, on_row=on_row,
+                      keep_existing=resume)
+    files = {out / f"{f}.parquet" for f in FAMILIES if (out / f"{f}.parquet").exists()}
+    n_rows = sum(schema.read(path)["run_id"].eq(meta["run_id"]).sum()
+                 for path in files | set(paths.values()))
     start = next(r for r in runs.rows if r["run_id"] == meta["run_id"])
     end = machine.run_record(meta, device, "end", args.argv, status="finished",
                              families=families, rows=int(n_rows),
                              finished_at=dt.datetime.now(dt.timezone.utc).isoformat(
                                  timespec="seconds"))
+    if resume:  # the command lines of every part, in order
+        end["argv"] = f"{start['argv']} | {end['argv']}"
     runs.upsert({**start, **{k: v for k, v in end.items() if v is not None or k not in start}})
     return paths
+
+
+# What a resumed run must share with the run it continues.
+SAME_FOR_RESUME = ("git_commit", "source_hash", "gpu", "sm_count", "torch", "triton", "cuda")
+
+
+def resumed(out: Path, runs, device: torch.device, families: str) -> tuple[dict, list[dict]]:
+    """(meta, limit rows) of the unfinished run in `out` that --resume continues: its run id,
+    start and limits, checked against this process's commit, kernel sources, GPU and versions."""
+    running = [r for r in runs.rows if r.get("status") == "running"]
+    if not running:
+        raise SystemExit(f"--resume: no unfinished run in {out} (runs.parquet has none running)")
+    record = running[-1]
+    if record.get("families") != families:
+        raise SystemExit(f"--resume: run {record['run_id']} swept {record.get('families')}, "
+                         f"this command {families}: give the same --family options")
+    limit_path = out / "limits.parquet"
+    rows = schema.ParquetSink(limit_path, schema.limits_schema(), keep_existing=True).rows
+    limit_rows = [r for r in rows if r["run_id"] == record["run_id"]]
+    if not limit_rows:
+        raise SystemExit(f"--resume: run {record['run_id']} has no limits in {limit_path}")
+    now = machine.run_metadata(device)
+    meta = {k: limit_rows[0].get(k, now[k]) for k in now}  # the run's, as its rows carry them
+    for key in SAME_FOR_RESUME:
+        if meta[key] != now[key]:
+            raise SystemExit(f"--resume: run {record['run_id']} has {key}={meta[key]!r}, this "
+                             f"process {now[key]!r}: a run is one commit on one GPU")
+    return meta, limit_rows
 
 
 def main(argv=None) -> int:

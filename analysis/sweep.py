@@ -11,6 +11,7 @@ error text, the GPU memory is freed, and the sweep goes on.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import math
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import pyarrow.parquet as pq
 import torch
 
 from ..kernels import poisoned_outputs
@@ -236,13 +238,53 @@ def limits_lookup(limit_rows: list[dict]) -> dict:
     return {(r["metric"], r["precision"]): r["value"] for r in limit_rows if r["value"]}
 
 
+def _identity(row: dict, shape_keys) -> tuple:
+    """What tells a configuration's row from the others of its run."""
+    return (row["family"], row["op"], row["impl"], row["dtype"], row["precision"], row["sweep"],
+            row["variant"], row["block"], row["num_warps"], *(row[k] for k in shape_keys))
+
+
+def remaining(problems, out_dir: Path, run_id: str) -> list:
+    """The problems whose rows of run `run_id` in out_dir are not all there yet (a resumed run's
+    work). A problem written in part (the run was stopped between its rows) loses those rows and
+    runs again, so that no configuration is measured twice in one run."""
+    files: dict[str, list] = {}
+    changed = set()
+    todo = []
+    for problem in problems:
+        if problem.family not in files:
+            path = Path(out_dir) / f"{problem.family}.parquet"
+            files[problem.family] = pq.read_table(path).to_pylist() if path.exists() else []
+        rows = files[problem.family]
+        keys = list(problem.shape)
+        wanted = collections.Counter(_identity(_base(problem, v), keys) for v in problem.variants)
+        mine = [i for i, r in enumerate(rows)
+                if r["run_id"] == run_id and _identity(r, keys) in wanted]
+        have = collections.Counter(_identity(rows[i], keys) for i in mine)
+        if have == wanted:
+            continue
+        if mine:
+            drop = set(mine)
+            files[problem.family] = [r for i, r in enumerate(rows) if i not in drop]
+            changed.add(problem.family)
+        todo.append(problem)
+    for family in changed:
+        sink = schema.ParquetSink(Path(out_dir) / f"{family}.parquet",
+                                  schema.family_schema(family))
+        sink.rows = files[family]
+        sink.flush()
+    return todo
+
+
 def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: list[dict],
-        progress: bool = True, trials: int = TRIALS, on_row=None) -> dict[str, Path]:
+        progress: bool = True, trials: int = TRIALS, on_row=None,
+        keep_existing: bool = False) -> dict[str, Path]:
     """Every problem in turn: its variants checked against float64, then timed in `trials` rounds,
     each round on fresh random inputs, every variant once per round (the order rotated), so that
     a slow drift of the GPU (clocks, temperature) spreads over all of them rather than falling on
     one. A variant's row is written once its trials are done; failures at once. `problems` may be
-    an iterator (a worker's share, taken from a queue); `on_row()` is called after each row."""
+    an iterator (a worker's share, taken from a queue); `on_row()` is called after each row.
+    keep_existing: add to the family files' rows (a resumed run) instead of starting them."""
     limits = limits_lookup(limit_rows)
     sinks: dict[str, schema.ParquetSink] = {}
     hashes: dict[str, str] = {}  # family -> kernel hash, once per run
@@ -258,7 +300,8 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
         sink = sinks.get(problem.family)
         if sink is None:
             sink = sinks[problem.family] = schema.ParquetSink(
-                Path(out_dir) / f"{problem.family}.parquet", schema.family_schema(problem.family))
+                Path(out_dir) / f"{problem.family}.parquet", schema.family_schema(problem.family),
+                keep_existing=keep_existing)
         if bar is not None:
             bar.set_description(f"{problem.op} {problem.shape}"[:60])
         for row in _run_problem(problem, device, limits, trials):

@@ -516,3 +516,55 @@ def test_where_selects_shapes():
     both = select_shapes(problems, ["m=16384,4096", "k=1024"])
     assert [(p.shape["m"], p.shape["n"]) for p in both] == [(16384, 32000), (4096, 128256)]
     assert select_shapes(problems, ["seq=4096"]) == []
+
+
+def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
+    """A run stopped half way (here after the first problem and one row of the second) is
+    continued by --resume: the same run id and limits, the finished problem not measured again,
+    the partial one measured afresh, every configuration once; a finished run or another commit
+    is refused."""
+    from triton_fusion_report.analysis import machine, sweep
+
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
+            "--no-progress"]
+    real = sweep._run_problem
+    seen = []
+
+    def dies_in_the_second(problem, *args):
+        seen.append(problem)
+        for i, row in enumerate(real(problem, *args)):
+            if len(seen) == 2 and i == 1:
+                raise RuntimeError("killed")
+            yield row
+
+    monkeypatch.setattr(sweep, "_run_problem", dies_in_the_second)
+    with pytest.raises(RuntimeError, match="killed"):
+        cli.main(argv)
+    first = pd.read_parquet(out / "softmax.parquet")
+    run_id = first["run_id"].iloc[0]
+    assert len(first) == 7 + 1 and pd.read_parquet(out / "runs.parquet")["status"].tolist() == [
+        "running"]
+    n_limits = len(pd.read_parquet(out / "limits.parquet"))
+
+    monkeypatch.setattr(sweep, "_run_problem", real)
+    assert cli.main(argv + ["--resume"]) == 0
+    assert "1 of 2 problems done" in capsys.readouterr().out
+    df = pd.read_parquet(out / "softmax.parquet")
+    assert set(df["run_id"]) == {run_id} and len(df) == 2 * 7
+    assert not df.duplicated(["impl", "dtype", "rows", "width", "variant"]).any()
+    assert len(pd.read_parquet(out / "limits.parquet")) == n_limits  # not measured again
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == 14
+    assert runs["argv"].iloc[0].count("--op softmax_bwd") == 2
+
+    with pytest.raises(SystemExit, match="no unfinished run"):
+        cli.main(argv + ["--resume"])
+    runs_sink = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
+    runs_sink.rows[0]["status"] = "running"
+    runs_sink.flush()
+    other = machine.run_metadata
+    monkeypatch.setattr(machine, "run_metadata",
+                        lambda d: dict(other(d), git_commit="0" * 40))
+    with pytest.raises(SystemExit, match="git_commit"):
+        cli.main(argv + ["--resume"])

@@ -334,7 +334,7 @@ def tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
     output (none if out_strides is None), each over the tensor or its transpose, whichever has a
     unit last stride; whether x's is over x transposed; whether the weight's is): specs None where a
     layout cannot be read through TMA: no unit stride, another stride not a multiple of 16 bytes
-    or overlapping rows (an expanded tensor), an empty dim. (The bases' alignment is a property of
+    or overlapping rows (an expanded tensor), an empty dim or one of 2**31 elements or more. (The bases' alignment is a property of
     each call's tensors: run_gemm checks it.)"""
     (M, K), N = x.shape, weight.shape[1]
     bm, bn, bk = blocks
@@ -345,7 +345,8 @@ def tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
                                                   ((M, N), out_strides or (0, 0), (bm, bn))):
         if len(specs) == 2 and out_strides is None:
             break
-        if min(rows, cols) == 0:
+        # Empty, or past what a descriptor's i32 shape and TMA's i32 coordinates address.
+        if min(rows, cols) == 0 or max(rows, cols) >= 2**31:
             return None, False, False
         if s_c == 1 and s_r >= cols and (s_r * size) % 16 == 0:
             specs.append(([rows, cols], [s_r, 1], [b_r, b_c]))

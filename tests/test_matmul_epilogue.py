@@ -365,6 +365,8 @@ def test_tma_matmul_falls_back(device, monkeypatch):
     out = la.linear_act_fused(x_off, w, b, "relu")
     assert names.pop() == "_matmul_kernel"
     assert rel_err(out, la_ref64(x_off, w, b, "relu")) <= TOL[torch.float16]
+    huge = torch.empty(2**31, 8, device="meta", dtype=torch.float16)  # i32 shapes, coordinates
+    assert mc.tma_specs(huge, w[:8], (8, 1, 48, 1), (48, 1), (128, 128, 16))[0] is None
     x32, w32, b32 = la_inputs(33, 64, 48, torch.float32, device)
     la.linear_act_fused(x32, w32, b32, "relu", input_precision="ieee")
     assert names.pop() == "_matmul_kernel"

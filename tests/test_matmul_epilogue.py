@@ -180,6 +180,9 @@ def test_fused_half_is_no_worse_than_eager(method, dtype, device):
 def test_matmul_softmax_plan_defaults():
     plan = sr.matmul_softmax_plan
     assert plan(65536, 256, 512, torch.float16).method == "tiled"
+    assert plan(256, 512, 50, torch.float16).method == "simple"  # small: one launch, no staging
+    assert plan(1024, 1024, 100, torch.float32).method == "tiled"
+    assert plan(256, 512, 50, torch.float16, block_b=32).method == "tiled"  # block_b: not simple
     assert plan(4096, 128, 32000, torch.float16).method == "online"
     assert plan(16384, 1024, 32000, torch.float16).method == "two_pass_store"
     assert plan(16384, 4096, 4096, torch.float16).method == "two_pass_store"

@@ -175,24 +175,6 @@ def _ms_stats_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_part, l_part, B, C, K, s
 
 
 @triton.jit
-def _ms_stats_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_part, l_part, B, C, K, s_bias, s_ob,
-                         n_tiles, HAS_BIAS: tl.constexpr, STORE_LOGITS: tl.constexpr,
-                         A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_B: tl.constexpr,
-                         BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """_ms_stats_kernel on Hopper's TMA, persistent (as matmul_core._matmul_tma_kernel)."""
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
-        pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
-        acc = tma_tile(a_desc, b_desc, pid_b * BLOCK_B, pid_c * BLOCK_C, k_tiles, A_T, B_T,
-                       BLOCK_B, BLOCK_C, BLOCK_K, INPUT_PRECISION, UPCAST)
-        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C, s_bias,
-                        s_ob, n_tiles, HAS_BIAS, STORE_LOGITS)
-
-
-@triton.jit
 def _ms_combine_kernel(m_part, l_part, m_ptr, il_ptr, B, n_tiles, BLOCK_R: tl.constexpr,
                        BLOCK_T: tl.constexpr):
     """Per row: m = max of the tiles' maxima, 1/l with l = sum(l_t * exp(m_t - m))."""
@@ -243,22 +225,28 @@ def _ms_probs_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_
 
 
 @triton.jit
-def _ms_probs_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_bias, s_ob,
-                         HAS_BIAS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
-                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_B: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         UPCAST: tl.constexpr):
-    """_ms_probs_kernel on Hopper's TMA, persistent."""
+def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K, s_bias, s_ob,
+                        n_tiles, HAS_BIAS: tl.constexpr, PROBS: tl.constexpr,
+                        STORE_LOGITS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+                        BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_B: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                        UPCAST: tl.constexpr):
+    """Pass 1 (_ms_stats_kernel: m_ptr, l_ptr the partials) or, with PROBS, pass 2 of "online"
+    (_ms_probs_kernel: m_ptr, l_ptr each row's m and 1/l) on Hopper's TMA, persistent (as
+    matmul_core._matmul_tma_kernel)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(C, BLOCK_C)
-    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+    for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
         pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
         acc = tma_tile(a_desc, b_desc, pid_b * BLOCK_B, pid_c * BLOCK_C, k_tiles, A_T, B_T,
                        BLOCK_B, BLOCK_C, BLOCK_K, INPUT_PRECISION, UPCAST)
         rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
         cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, s_bias, s_ob,
-                        HAS_BIAS)
+        if PROBS:
+            _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias, s_ob,
+                            HAS_BIAS)
+        else:
+            _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias,
+                            s_ob, n_tiles, HAS_BIAS, STORE_LOGITS)
 
 
 @triton.jit
@@ -496,9 +484,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     store = plan.method == TWO_PASS_STORE
     blocks = dict(BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP)
     if tma is not None:
-        launch(_ms_stats_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
-               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store,
-               GROUP_B=GROUP, **tma_args)
+        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
+               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=False,
+               STORE_LOGITS=store, GROUP_B=GROUP, **tma_args)
     else:
         launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K,
                *strides, n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **blocks, **dot_args,
@@ -514,8 +502,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
                inv_l, B, C, C, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
     elif tma is not None:
-        launch(_ms_probs_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
-               strides[4], strides[5], HAS_BIAS=has_bias, GROUP_B=GROUP, **tma_args)
+        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
+               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=True,
+               STORE_LOGITS=False, GROUP_B=GROUP, **tma_args)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
                HAS_BIAS=has_bias, **blocks, **dot_args, **options)

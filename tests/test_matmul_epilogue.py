@@ -340,8 +340,8 @@ def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
     if method == "tiled":
         assert names == ["_ms_tiled_tma_kernel"]
     else:
-        assert names[0] == "_ms_stats_tma_kernel"
-        assert names[-1] == ("_ms_probs_tma_kernel" if method == "online"
+        assert names[0] == "_ms_pass_tma_kernel"
+        assert names[-1] == ("_ms_pass_tma_kernel" if method == "online"
                              else "_ms_normalize_kernel")
     check_probs(out, x, w, b, tol(dtype, "tf32"), stored=method == "two_pass_store")
 

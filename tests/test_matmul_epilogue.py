@@ -472,3 +472,44 @@ def test_many_rows_unaligned_classes(method, device):
     kw = {"block_c": 16} if method == "two_pass_store" else {}
     out = sr.matmul_softmax_fused(x, w, b, method=method, **kw)
     check_probs(out, x, w, b, TOL[torch.float16], stored=method == "two_pass_store")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the TMA kernels on a GPU with TMA (sm_90+)")
+@pytest.mark.parametrize("op, shape, kernel", [
+    ("linear_act", (2048, 64, 2048), "_matmul_tma_kernel"),
+    ("matmul_softmax", (2048, 512, 4096), "_ms_pass_tma_kernel"),  # two_pass_store
+    ("matmul_softmax", (2048, 128, 4096), "_ms_pass_tma_kernel"),  # online
+    ("matmul_softmax", (17000, 256, 96), "_ms_tiled_tma_kernel")])
+def test_tma_kernels_in_cuda_graphs_and_compile(op, shape, kernel, monkeypatch):
+    """Natively, at sizes that take the TMA kernels (a tile per SM): captured in a CUDA graph
+    and replayed on new inputs (the descriptors are encoded at capture, over the static
+    tensors), and under torch.compile(fullgraph=True), each as the eager call."""
+    M, K, N = shape
+    fn = getattr(kernels, op)
+    make = lambda: (torch.randn(M, K, device="cuda").half(),  # noqa: E731
+                    (torch.randn(K, N, device="cuda") * K ** -0.5).half(),
+                    torch.randn(N, device="cuda").half())
+    names = []
+    real = _common.launch
+    for module in (mc, sr):
+        monkeypatch.setattr(module, "launch", lambda k, *a, **kw: names.append(
+            getattr(k, "fn", k).__name__) or real(k, *a, **kw))
+    static = make()
+    want = fn(*static)
+    assert kernel in names
+    ref = (la.linear_act_reference(*(t.double() for t in static)) if op == "linear_act"
+           else sr.matmul_softmax_reference(*(t.double() for t in static)))
+    assert rel_err(want, ref) <= 2e-2
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn(*static)
+    fresh = make()
+    for s, f in zip(static, fresh):
+        s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(captured, fn(*fresh)) <= 1e-6
+    compiled = torch.compile(lambda *a: fn(*a) * 2, fullgraph=True)
+    assert rel_err(compiled(*fresh), fn(*fresh) * 2) <= 1e-6

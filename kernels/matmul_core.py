@@ -281,7 +281,7 @@ class GemmLaunch(NamedTuple):
 
 
 class TmaLaunch(NamedTuple):
-    """How run_gemm launches _matmul_tma_kernel: the grid (one program per SM at most), the
+    """How run_gemm launches _matmul_tma_kernel: the grid (one program per SM), the
     (shape, strides, block shape) of the descriptors over x (or x transposed), the weight (or its
     transpose) and the output, and the kernel's constexprs and options."""
 
@@ -321,8 +321,7 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
         tma = TmaLaunch(
             (sm_count_of(x.device),),
             specs if not split else (*specs[:2], (*specs[2][:2], [bm, bn // 2])),
-            dict(common, A_T=a_t, B_T=b_t, SPLIT_STORE=split,
-                 FLATTEN=bool(flatten)))
+            dict(common, A_T=a_t, B_T=b_t, SPLIT_STORE=split, FLATTEN=bool(flatten)))
     return GemmLaunch(
         None if M == 0 or N == 0 else (cdiv(M, bm) * cdiv(N, bn),),
         (M, N, K, *strides, s_bias, *out_strides),
@@ -330,12 +329,12 @@ def gemm_launch(x, weight, bias, out_strides, activation, precision, block_m, bl
 
 
 def tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
-    """((shape, strides, block shape) of the descriptors over x (M, K), weight (K, N) and the (M, N)
-    output (none if out_strides is None), each over the tensor or its transpose, whichever has a
-    unit last stride; whether x's is over x transposed; whether the weight's is): specs None where a
-    layout cannot be read through TMA: no unit stride, another stride not a multiple of 16 bytes
-    or overlapping rows (an expanded tensor), an empty dim or one of 2**31 elements or more. (The bases' alignment is a property of
-    each call's tensors: run_gemm checks it.)"""
+    """((shape, strides, block shape) of the descriptors over x (M, K), weight (K, N) and the
+    (M, N) output (none if out_strides is None), each over the tensor or its transpose, whichever
+    has a unit last stride; whether x's is over x transposed; whether the weight's is). Specs are
+    None where a layout cannot be read through TMA: no unit stride, another stride not a multiple
+    of 16 bytes or overlapping rows (an expanded tensor), an empty dim or one of 2**31 elements or
+    more. (The bases' alignment is a property of each call's tensors: run_gemm checks it.)"""
     (M, K), N = x.shape, weight.shape[1]
     bm, bn, bk = blocks
     size = x.element_size()

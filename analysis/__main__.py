@@ -61,8 +61,8 @@ def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> lis
         col, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--where {item}: expected COLUMN=VALUE, e.g. seq=4096")
-        wanted[col] = [int(v) if v.lstrip("-").isdigit() else {"True": True, "False": False}.get(v, v)
-                       for v in value.split(",")]
+        wanted[col] = [int(v) if v.lstrip("-").isdigit()
+                       else {"True": True, "False": False}.get(v, v) for v in value.split(",")]
     return [p for p in problems
             if all(col in p.shape and p.shape[col] in vs for col, vs in wanted.items())]
 

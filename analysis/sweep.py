@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import pyarrow.parquet as pq
 import torch
 
 from ..kernels import poisoned_outputs
@@ -248,14 +247,15 @@ def remaining(problems, out_dir: Path, run_id: str) -> list:
     """The problems whose rows of run `run_id` in out_dir are not all there yet (a resumed run's
     work). A problem written in part (the run was stopped between its rows) loses those rows and
     runs again, so that no configuration is measured twice in one run."""
-    files: dict[str, list] = {}
+    files: dict[str, schema.ParquetSink] = {}
     changed = set()
     todo = []
     for problem in problems:
         if problem.family not in files:
-            path = Path(out_dir) / f"{problem.family}.parquet"
-            files[problem.family] = pq.read_table(path).to_pylist() if path.exists() else []
-        rows = files[problem.family]
+            files[problem.family] = schema.ParquetSink(
+                Path(out_dir) / f"{problem.family}.parquet", schema.family_schema(problem.family),
+                keep_existing=True)
+        rows = files[problem.family].rows
         keys = list(problem.shape)
         wanted = collections.Counter(_identity(_base(problem, v), keys) for v in problem.variants)
         mine = [i for i, r in enumerate(rows)
@@ -265,14 +265,11 @@ def remaining(problems, out_dir: Path, run_id: str) -> list:
             continue
         if mine:
             drop = set(mine)
-            files[problem.family] = [r for i, r in enumerate(rows) if i not in drop]
+            files[problem.family].rows = [r for i, r in enumerate(rows) if i not in drop]
             changed.add(problem.family)
         todo.append(problem)
     for family in changed:
-        sink = schema.ParquetSink(Path(out_dir) / f"{family}.parquet",
-                                  schema.family_schema(family))
-        sink.rows = files[family]
-        sink.flush()
+        files[family].flush()
     return todo
 
 

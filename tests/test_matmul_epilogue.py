@@ -286,15 +286,16 @@ def test_tf32_operands_copied_k_major(x_t, w_t, device):
 
 
 def _kernels_run(monkeypatch):
-    """The names of the kernels run_gemm launches from now on."""
+    """The names of the kernels the matmul families launch from now on."""
     names = []
-    real = mc.launch
+    real = _common.launch
 
     def spy(kernel, *args, **kwargs):
-        names.append(kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__)
+        names.append(getattr(kernel, "fn", kernel).__name__)
         return real(kernel, *args, **kwargs)
 
-    monkeypatch.setattr(mc, "launch", spy)
+    for module in (mc, sr):
+        monkeypatch.setattr(module, "launch", spy)
     return names
 
 
@@ -330,10 +331,7 @@ def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
     x, w, b = ms_inputs(B, K, C, dtype, device)
     if w_t:
         w = w.t().contiguous().t()
-    names = []
-    real = sr.launch
-    monkeypatch.setattr(sr, "launch", lambda k, *a, **kw: names.append(k.fn.__name__ if hasattr(
-        k, "fn") else k.__name__) or real(k, *a, **kw))
+    names = _kernels_run(monkeypatch)
     blocks = dict(block_b=16) if method == "tiled" else dict(block_b=32, block_c=128)
     out = sr.matmul_softmax_fused(x, w, b, method=method, block_k=32, input_precision="tf32",
                                   **blocks)
@@ -490,11 +488,7 @@ def test_tma_kernels_in_cuda_graphs_and_compile(op, shape, kernel, monkeypatch):
     make = lambda: (torch.randn(M, K, device="cuda").half(),  # noqa: E731
                     (torch.randn(K, N, device="cuda") * K ** -0.5).half(),
                     torch.randn(N, device="cuda").half())
-    names = []
-    real = _common.launch
-    for module in (mc, sr):
-        monkeypatch.setattr(module, "launch", lambda k, *a, **kw: names.append(
-            getattr(k, "fn", k).__name__) or real(k, *a, **kw))
+    names = _kernels_run(monkeypatch)
     static = make()
     want = fn(*static)
     assert kernel in names

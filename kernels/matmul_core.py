@@ -165,16 +165,23 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, s_bias, HAS_BI
         off_n = pid_n * BLOCK_N
         acc = tma_tile(a_desc, b_desc, off_m, off_n, k_tiles, A_T, B_T, BLOCK_M, BLOCK_N,
                        BLOCK_K, INPUT_PRECISION, UPCAST)
-        acc = _add_bias(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, s_bias, HAS_BIAS)
-        acc = _activate(acc, ACTIVATION)
         # One rounding to the output dtype, at the store; rows and columns past M, N are not
         # written (TMA clips them).
         if SPLIT_STORE:
+            # The epilogue on one half at a time: over the whole 128 x 256 tile, erf's
+            # temporaries pushed the kernel past 255 registers into spills (NOTES).
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             left, right = tl.split(halves)
+            half_cols = off_n + tl.arange(0, BLOCK_N // 2)
+            left = _activate(_add_bias(left, bias_ptr, half_cols, N, s_bias, HAS_BIAS),
+                             ACTIVATION)
             c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            right = _activate(_add_bias(right, bias_ptr, half_cols + BLOCK_N // 2, N, s_bias,
+                                        HAS_BIAS), ACTIVATION)
             c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
         else:
+            acc = _add_bias(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, s_bias, HAS_BIAS)
+            acc = _activate(acc, ACTIVATION)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 

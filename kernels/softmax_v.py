@@ -20,8 +20,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, empty, launch, layout_key,
-                      next_pow2, plan_cache, plan_strides)
+from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
+                      has_tma, launch, layout_key, next_pow2, plan_cache, plan_strides)
 from ._common import dot as _dot
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -45,13 +45,16 @@ def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tenso
 
 
 @triton.jit
-def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, d1, d2, d3,
+def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, x_desc, v_desc, d1, d2, d3,
                            sx_b, sx_1, sx_2, sv_b, sv_2, sv_3, so_b, so_1, so_3,
                            BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-                           INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                           INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    """TMA: x and v tiles come through 3-D host descriptors (x_desc, v_desc; elements past a
+    batch's d1, d2 or d3 read as zeros), else through pointers with masks."""
     pid_1 = tl.program_id(0)
     pid_3 = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
+    b32 = tl.program_id(2)
+    b = b32.to(tl.int64)
     # int64 row/column offsets: a (d1, d2) slice can exceed 2**31 elements.
     rows = (pid_1 * BLOCK_1 + tl.arange(0, BLOCK_1)).to(tl.int64)
     cols3 = (pid_3 * BLOCK_3 + tl.arange(0, BLOCK_3)).to(tl.int64)
@@ -68,15 +71,21 @@ def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, d1, d2, d3,
         ks = start + offs_2
         k_ok = ks < d2
         # Masked scores are -inf, so they add exp(-inf) = 0 to the sum and nothing to acc.
-        s = tl.load(x_rows + ks[None, :] * sx_2, mask=row_ok[:, None] & k_ok[None, :],
-                    other=float("-inf")).to(tl.float32)
+        if TMA:
+            s = x_desc.load([b32, pid_1 * BLOCK_1, start]).reshape(BLOCK_1, BLOCK_2)
+            s = tl.where(k_ok[None, :], s.to(tl.float32), float("-inf"))
+            vt = v_desc.load([b32, start, pid_3 * BLOCK_3]).reshape(BLOCK_2, BLOCK_3)
+        else:
+            s = tl.load(x_rows + ks[None, :] * sx_2, mask=row_ok[:, None] & k_ok[None, :],
+                        other=float("-inf")).to(tl.float32)
+            vt = tl.load(v_cols + ks[:, None] * sv_2, mask=k_ok[:, None] & col3_ok[None, :],
+                         other=0.0)
         m_new = tl.maximum(m, tl.max(s, 1))
         # Rows past d1 are all -inf: subtract 0 there instead of -inf (which would give NaN).
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_sub)
         p = tl.exp(s - m_sub[:, None])
         l = l * alpha + tl.sum(p, 1)
-        vt = tl.load(v_cols + ks[:, None] * sv_2, mask=k_ok[:, None] & col3_ok[None, :], other=0.0)
         # p in v's dtype: fp16/bf16 runs on tensor cores, fp32 keeps full precision (or tf32).
         acc = _dot(p.to(vt.dtype), vt, acc * alpha[:, None], INPUT_PRECISION, UPCAST)
         m = m_new
@@ -190,11 +199,27 @@ class _FusedLaunch(NamedTuple):
     grid: tuple
     sizes_strides: tuple  # d1, d2, d3, x's, v's and out's strides
     kwargs: dict
+    # (shape, strides, block shape) of x's and v's descriptors where the kernel reads through TMA
+    # (triton_fused still takes the pointer path for a call whose bases are not 16-byte aligned).
+    tma: tuple | None = None
 
 
-def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps,
-                  num_stages) -> _FusedLaunch:
+def _tma_spec(t, block) -> tuple | None:
+    """A 3-D descriptor's (shape, strides, block shape) over t, or None where TMA cannot read t:
+    last dim not contiguous, another stride not a positive multiple of 16 bytes, a dim of 2**31
+    or more (TMA coordinates are i32)."""
+    *outer, last = t.stride()
+    if last != 1 or max(t.shape) >= 2**31 or any(s <= 0 or (s * t.element_size()) % 16
+                                                  for s in outer):
+        return None
+    return list(t.shape), list(t.stride()), [1, *block]
+
+
+def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, num_stages,
+                  tma) -> _FusedLaunch:
     precision = _check_inputs(x, v, input_precision)
+    if tma not in (None, True, False):
+        raise ValueError(f"tma must be None, True or False, got {tma!r}")
     batch, d1, d2 = x.shape
     d3 = v.shape[2]
     d_1, d_2, d_3, d_warps, d_stages = _default_tiles(x.dtype, d1, d2, d3)
@@ -206,32 +231,46 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps,
     out_shape = (batch, d1, d3)
     trivial = batch * d1 * d3 == 0 or d2 == 0
     out_strides = (d1 * d3, d3, 1)  # a new contiguous tensor's
+    # TMA by default for 16-bit inputs (measured: analysis/NOTES.md); tma=True also for float32.
+    specs = None
+    if (x.dtype != torch.float32 if tma is None else tma) and has_tma(x.device) and not trivial:
+        specs = (_tma_spec(x, (block_1, block_2)), _tma_spec(v, (block_2, block_3)))
+        specs = None if None in specs else specs
     return _FusedLaunch(
         trivial, out_shape, (cdiv(d1, block_1), cdiv(d3, block_3), batch),
         (d1, d2, d3, *plan_strides(x), *plan_strides(v), *out_strides),
         dict(BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3, INPUT_PRECISION=precision,
-             UPCAST=_upcast_bf16(x.dtype), num_warps=num_warps, num_stages=num_stages))
+             UPCAST=_upcast_bf16(x.dtype), num_warps=num_warps, num_stages=num_stages),
+        specs)
 
 
 _PLANS = plan_cache()
 
 
 def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precision=None,
-                 num_warps=None, num_stages=None) -> torch.Tensor:
+                 num_warps=None, num_stages=None, tma=None) -> torch.Tensor:
     """One Triton kernel: online softmax over d2 chunks, p @ v accumulated in float32.
 
     Grid: (d1 blocks, d3 tiles, batch). block_3 tiles d3 so the (block_1, block_3) accumulator
     fits in registers; each d3 tile recomputes the row softmax (cheap next to the matmul while
-    d3 / block_3 is small). The checks and the plan are remembered per layout of x and v.
+    d3 / block_3 is small). Tiles are read through TMA on GPUs that have it where the layouts
+    allow (tma=None: for float16/bfloat16; True: float32 too; False: never). The checks and the
+    plan are remembered per layout of x and v.
     """
     how = cached(_PLANS, layout_key((x, v), (block_1, block_2, block_3, input_precision,
-                                             num_warps, num_stages)),
+                                             num_warps, num_stages, tma)),
                  _fused_launch, x, v, block_1, block_2, block_3, input_precision, num_warps,
-                 num_stages)
+                 num_stages, tma)
     out = empty(how.out_shape, x.dtype, x.device)
     if how.trivial:  # an empty d2 gives zeros, like torch
         return out.zero_()
-    launch(_softmax_matmul_kernel, how.grid, x, v, out, *how.sizes_strides, **how.kwargs)
+    if how.tma is not None and not (x.data_ptr() | v.data_ptr()) & 15:
+        descs = (descriptor(x, *how.tma[0]), descriptor(v, *how.tma[1]))
+        launch(_softmax_matmul_kernel, how.grid, x, v, out, *descs, *how.sizes_strides,
+               TMA=True, **how.kwargs)
+    else:
+        launch(_softmax_matmul_kernel, how.grid, x, v, out, None, None, *how.sizes_strides,
+               TMA=False, **how.kwargs)
     return out
 
 

@@ -91,6 +91,54 @@ def test_strided_inputs(device):
         assert rel_err(impl(x, v), ref64(x, v)) <= FUSED_TOL[torch.float32]
 
 
+def _tma_calls(monkeypatch):
+    """The TMA constexpr of each fused launch from now on."""
+    seen = []
+    real = sm.launch
+
+    def spy(kernel, *args, **kwargs):
+        seen.append(kwargs.get("TMA"))
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(sm, "launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("blocks", [(16, 32, 32), (None, None, None)])
+def test_tma_matches_float64(dtype, blocks, device, monkeypatch):
+    """The TMA path (sm_90+, and the interpreter): 16-byte rows with a partial tile on every dim
+    (d1 = 40, d2 = 200 against 32-wide chunks, d3 = 72), a batch of 2 (a descriptor's first dim),
+    rows of a transposed x's storage; poisoned outputs catch an unwritten element."""
+    seen = _tma_calls(monkeypatch)
+    b1, b2, b3 = blocks
+    x, v = inputs((2, 40, 200, 72), dtype, device, scale=4.0)
+    monkeypatch.setattr(sm, "empty", lambda *a: torch.full(a[0], float("nan"), dtype=a[1],
+                                                           device=a[2]))
+    out = sm.triton_fused(x, v, block_1=b1, block_2=b2, block_3=b3, tma=True)
+    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
+    assert seen == [sm.has_tma(x.device)]
+
+
+def test_tma_falls_back(device, monkeypatch):
+    """Layouts TMA cannot read, or bases off 16 bytes, take the pointer path (same results);
+    float32 reads through pointers unless asked."""
+    seen = _tma_calls(monkeypatch)
+    x, v = inputs((2, 16, 64, 24), torch.float16, device)
+    odd = torch.randn(2, 16, 33, device=device, dtype=torch.float16)[..., :32]  # rows of 66 bytes
+    shifted = torch.randn(2 * 16 * 64 + 1, device=device, dtype=torch.float16)[1:].view(2, 16, 64)
+    broadcast = v[:1].expand(2, 64, 24)  # batch stride 0
+    for a, b in ((odd, v[:, :32]), (shifted, v), (x, broadcast), (x.float(), v.float())):
+        assert rel_err(sm.triton_fused(a, b), ref64(a, b)) <= FUSED_TOL[a.dtype]
+    tma = sm.has_tma(x.device)
+    assert seen == [False, False, False, False]
+    sm.triton_fused(x, v)
+    sm.triton_fused(x.float(), v.float(), tma=True)
+    assert seen[4:] == [tma, tma]
+    with pytest.raises(ValueError, match="tma must be"):
+        sm.triton_fused(x, v, tma="yes")
+
+
 def test_seed_names(device):
     x, v = inputs((2, 17, 33, 19), torch.float32, device)
     assert torch.allclose(sm.softmax_mult(x, v), F.softmax(x, dim=-1) @ v)

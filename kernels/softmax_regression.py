@@ -52,7 +52,8 @@ METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE)
 MAX_SIMPLE_C = 1024
 MAX_TILED_C = 512
 # method=None recomputes the logits ("online") up to this K, else stores them (module docstring).
-ONLINE_MAX_K = {"half": 256, "tf32": 256, "ieee": 64}
+# Half precision: "two_pass_store" won at K = 256 (2048 x 256 x 1000: 30 against 42 us device).
+ONLINE_MAX_K = {"half": 128, "tf32": 256, "ieee": 64}
 # method=None takes "simple" up to this many multiply-adds (B * K * C): one launch, no tensor-core
 # staging and no operand copy. Measured on the H100 (sweep of 2026-11-25, per call): simple beat
 # tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
@@ -330,14 +331,16 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bc = c_pow2
         # 32768 float32 accumulators per program (the 128x256 of the tutorial's 8-warp config).
         bb = _pow2(B, 16, max(16, min(128, 32768 // bc)))
-        # One program per row block: with few rows, smaller blocks so the grid covers the SMs.
-        # Measured on the H100 (NOTES.md): this helps float32 (1024 x 1024 x 100: 114 -> 41 us)
-        # but hurts float16 (58 -> 213 us), so float16 keeps its large blocks.
-        while not half and cdiv(B, bb) < sm_count and bb > 16:
+        # One program per row block: with few rows, smaller blocks so the grid covers more SMs.
+        # Measured on the H100 (NOTES.md): float32 down to 16 rows (1024 x 1024 x 100: 114 ->
+        # 41 us); float16 down to 32 rows with 8 warps kept (59 -> 33 us there, 194 -> 132 at
+        # 512 x 4096 x 200; with 4 warps 67 and 362 us).
+        full_rows = bb
+        while cdiv(B, bb) < sm_count and bb > (32 if half else 16):
             bb //= 2
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
-        warps = 8 if bb * bc >= 16384 else 4
+        warps = 8 if (half and bb < full_rows) or bb * bc >= 16384 else 4
     else:
         if half:
             bb, bc, bk = 128, 256, 64

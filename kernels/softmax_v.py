@@ -231,9 +231,10 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, n
     out_shape = (batch, d1, d3)
     trivial = batch * d1 * d3 == 0 or d2 == 0
     out_strides = (d1 * d3, d3, 1)  # a new contiguous tensor's
-    # TMA by default for 16-bit inputs (measured: analysis/NOTES.md); tma=True also for float32.
+    # TMA by default but for IEEE float32 (not measured there; half precision and tf32 gain
+    # 6-19%: analysis/NOTES.md); tma=True asks for it there too.
     specs = None
-    if (x.dtype != torch.float32 if tma is None else tma) and has_tma(x.device) and not trivial:
+    if (precision != "ieee" if tma is None else tma) and has_tma(x.device) and not trivial:
         specs = (_tma_spec(x, (block_1, block_2)), _tma_spec(v, (block_2, block_3)))
         specs = None if None in specs else specs
     return _FusedLaunch(
@@ -254,7 +255,7 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
     Grid: (d1 blocks, d3 tiles, batch). block_3 tiles d3 so the (block_1, block_3) accumulator
     fits in registers; each d3 tile recomputes the row softmax (cheap next to the matmul while
     d3 / block_3 is small). Tiles are read through TMA on GPUs that have it where the layouts
-    allow (tma=None: for float16/bfloat16; True: float32 too; False: never). The checks and the
+    allow (tma=None: but for IEEE float32; True: there too; False: never). The checks and the
     plan are remembered per layout of x and v.
     """
     how = cached(_PLANS, layout_key((x, v), (block_1, block_2, block_3, input_precision,

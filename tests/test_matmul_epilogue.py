@@ -192,6 +192,12 @@ def test_matmul_softmax_plan_defaults():
     assert (p.block_b, p.block_c, p.block_k, p.num_warps, p.num_stages) == (128, 256, 64, 8, 3)
     p = plan(65536, 256, 512, torch.float16)
     assert p.block_c == 512 and p.block_b * p.block_c <= 32768
+    # Few row blocks: smaller ones, 8 warps in half precision; K = 256 stores the logits.
+    p = plan(1024, 1024, 100, torch.float16, sm_count=132)
+    assert (p.method, p.block_b, p.num_warps) == ("tiled", 32, 8)
+    assert plan(1024, 1024, 100, torch.float32, sm_count=132).block_b == 16
+    assert plan(65536, 1024, 100, torch.float16, sm_count=132).block_b == 128
+    assert plan(2048, 256, 1000, torch.float16).method == "two_pass_store"
     assert plan(8, 8, 8, torch.float32, method="simple").block_c == 16
     assert plan(8, 8, 8, torch.bfloat16).precision == "tf32"  # half dtypes: the flag is moot
 

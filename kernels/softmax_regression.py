@@ -333,10 +333,11 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bb = _pow2(B, 16, max(16, min(128, 32768 // bc)))
         # One program per row block: with few rows, smaller blocks so the grid covers more SMs.
         # Measured on the H100 (NOTES.md): float32 down to 16 rows (1024 x 1024 x 100: 114 ->
-        # 41 us); float16 down to 32 rows with 8 warps kept (59 -> 33 us there, 194 -> 132 at
-        # 512 x 4096 x 200; with 4 warps 67 and 362 us).
+        # 41 us); half precision down to 32 rows with 8 warps, for up to 128 classes (59 -> 34
+        # us there; 4 warps: 67). At 256 classes the sweep measured 32 rows slower (512 x 4096 x
+        # 200: 411 against 195 us), so wider tiles keep their rows.
         full_rows = bb
-        while cdiv(B, bb) < sm_count and bb > (32 if half else 16):
+        while cdiv(B, bb) < sm_count and bb > (32 if half else 16) and (not half or bc <= 128):
             bb //= 2
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))

@@ -197,6 +197,7 @@ def test_matmul_softmax_plan_defaults():
     assert (p.method, p.block_b, p.num_warps) == ("tiled", 32, 8)
     assert plan(1024, 1024, 100, torch.float32, sm_count=132).block_b == 16
     assert plan(65536, 1024, 100, torch.float16, sm_count=132).block_b == 128
+    assert plan(512, 4096, 200, torch.float16, sm_count=132).block_b == 128  # 256 classes
     assert plan(2048, 256, 1000, torch.float16).method == "two_pass_store"
     assert plan(8, 8, 8, torch.float32, method="simple").block_c == 16
     assert plan(8, 8, 8, torch.bfloat16).precision == "tf32"  # half dtypes: the flag is moot

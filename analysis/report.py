@@ -29,6 +29,10 @@ IMPL_LABEL = {
     "sdpa_efficient": "SDPA mem-efficient",
     "cublas": "cuBLAS matmul alone",
 }
+# Where a table has many columns (the PDF's page is narrow).
+SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
+               "torch_compile_max": "max-autotune", "triton_unfused": "unfused",
+               "triton_fused": "fused", "cublas": "cuBLAS alone"}
 
 
 def results_dirs(results: str | os.PathLike | None = None) -> list[Path]:

@@ -487,6 +487,28 @@ def test_profile_parses_a_recorded_ncu_run():
     json.dumps(rows.to_dict("records"))  # plain values
 
 
+def test_profile_reads_ncu_details_pages():
+    """The committed details pages (ncu --page details --csv on the H100): one row per kernel,
+    units converted (ns -> us, bytes -> kB, thousands separators), sections not collected
+    missing; detail_view names every kernel or refuses."""
+    from triton_fusion_report.analysis import profile as P
+
+    folder = Path(__file__).parents[1] / "results" / "reference" / "h100" / "ncu"
+    before = P.ncu_details((folder / "linear_gelu_5cbecbb.csv").read_text())
+    after = P.ncu_details((folder / "linear_gelu_c94faa2.csv").read_text())
+    assert list(before["kernel"]) == ["_matmul_tma_kernel"] * 2 + ["_activation_kernel"]
+    assert before.loc[0, "duration_us"] == pytest.approx(1732.032)
+    assert before.loc[0, "spill_requests"] == 1033248 and after.loc[0, "spill_requests"] == 0
+    assert before.loc[0, "registers"] == 255 and before.loc[0, "smem_kb"] == pytest.approx(180.248)
+    assert "occupancy_pct" in before and "occupancy_pct" not in after
+    view = P.detail_view(after, ["fused", "matmul", "activation"])
+    assert list(view["kernel"]) == ["fused", "matmul", "activation"] and "spills" in view
+    with pytest.raises(ValueError, match="2 labels for 3"):
+        P.detail_view(after, ["a", "b"])
+    with pytest.raises(ValueError, match="no ncu CSV"):
+        P.ncu_details("==PROF== nothing\n")
+
+
 def test_workers_share_the_problems_and_merge(tmp_path):
     """--workers 2: each configuration measured once, by one of two processes (each its own run,
     limits and run record), merged into the folder as one run's files; no parts left behind."""

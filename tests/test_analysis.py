@@ -493,9 +493,9 @@ def test_profile_reads_ncu_details_pages():
     missing; detail_view names every kernel or refuses."""
     from triton_fusion_report.analysis import profile as P
 
-    folder = Path(__file__).parents[1] / "results" / "reference" / "h100" / "ncu"
-    before = P.ncu_details((folder / "linear_gelu_5cbecbb.csv").read_text())
-    after = P.ncu_details((folder / "linear_gelu_c94faa2.csv").read_text())
+    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    before = P.ncu_details((folder / "ncu_linear_gelu_5cbecbb.csv").read_text())
+    after = P.ncu_details((folder / "ncu_linear_gelu_c94faa2.csv").read_text())
     assert list(before["kernel"]) == ["_matmul_tma_kernel"] * 2 + ["_activation_kernel"]
     assert before.loc[0, "duration_us"] == pytest.approx(1732.032)
     assert before.loc[0, "spill_requests"] == 1033248 and after.loc[0, "spill_requests"] == 0

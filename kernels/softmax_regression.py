@@ -16,6 +16,11 @@ matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_soft
   the output dtype; pass 2 is a light elementwise kernel that rewrites that buffer in place as
   probs. One matmul; the logits cost one extra write and read (2BC elements) but no separate
   max/sum reduction pass (the partials come from the matmul's epilogue).
+- "split_k": for few rows and a long K, where the other methods leave most SMs idle (a grid of a
+  handful of row blocks): pass 1 splits K across programs, each storing its float32 partial
+  logits tile; pass 2, one program per row, sums the splits, adds the bias and writes the
+  softmax. The partials cost splits * B * C * 4 bytes of memory and traffic; not picked by
+  `method=None` until measured.
 
 Recompute vs store: "online" pays 2BCK FLOPs, "two_pass_store" pays 2BC*e bytes (e bytes an
 element); recomputing wins while K / peak_flops < e / bandwidth, i.e. K below ~2*665/3.0 ~ 440 for
@@ -45,8 +50,9 @@ from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands
                           _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
                           operand_strides, tf32_copies, tma_specs, tma_tile)
 
-SIMPLE, TILED, ONLINE, TWO_PASS_STORE = "simple", "tiled", "online", "two_pass_store"
-METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE)
+SIMPLE, TILED, ONLINE, TWO_PASS_STORE, SPLIT_K = ("simple", "tiled", "online", "two_pass_store",
+                                                 "split_k")
+METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE, SPLIT_K)
 
 # Largest class tile each single-tile method accepts (after padding C to a power of two).
 MAX_SIMPLE_C = 1024
@@ -251,6 +257,62 @@ def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K
 
 
 @triton.jit
+def _ms_split_kernel(x_ptr, w_ptr, part_ptr, B, C, K, k_split, s_xb, s_xk, s_wk, s_wc,
+                     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_B: tl.constexpr, EVEN_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """Pass 1 of "split_k": the float32 logits tile of K slice program_id(1) (k_split long, a
+    multiple of BLOCK_K; the last one shorter) into part[split] (splits, B, C)."""
+    pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
+    split = tl.program_id(1)
+    k0 = split.to(tl.int64) * k_split
+    acc, rows, cols = _mm_tile(x_ptr + k0 * s_xk, w_ptr + k0 * s_wk, pid_b, pid_c, B, C,
+                               tl.minimum(k_split, K - k0), s_xb, s_xk, s_wk, s_wc, BLOCK_B,
+                               BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
+    rows64 = rows.to(tl.int64)
+    tl.store(part_ptr + (split * B + rows64)[:, None] * C + cols[None, :], acc,
+             mask=(rows < B)[:, None] & (cols < C)[None, :])
+
+
+@triton.jit
+def _ms_split_softmax_kernel(part_ptr, bias_ptr, out_ptr, B, C, n_splits, s_bias, s_ob,
+                             HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 2 of "split_k", one program per row: logits = the splits' sum + bias, then the row's
+    softmax (online max and sum over BLOCK_N chunks, then exp(s - m) / l written)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    m = tl.full([BLOCK_N], NEG_INF, tl.float32)
+    l = tl.zeros([BLOCK_N], tl.float32)
+    for start in tl.range(0, C, BLOCK_N):
+        cols = start + offs
+        s = _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits, s_bias, HAS_BIAS, BLOCK_N)
+        m_new = tl.maximum(m, s)
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)  # columns past C: -inf throughout
+        l = l * tl.exp(m - shift) + tl.exp(s - shift)
+        m = m_new
+    m_row = tl.max(m, 0)
+    il = 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
+    for start in tl.range(0, C, BLOCK_N):
+        cols = start + offs
+        s = _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits, s_bias, HAS_BIAS, BLOCK_N)
+        tl.store(out_ptr + row * s_ob + cols, (tl.exp(s - m_row) * il).to(out_ptr.dtype.element_ty),
+                 mask=cols < C)
+
+
+@triton.jit
+def _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits, s_bias, HAS_BIAS: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """One row's logits at cols (-inf past C): the sum of its split partials, plus the bias."""
+    ok = cols < C
+    s = tl.zeros([BLOCK_N], tl.float32)
+    for split in tl.range(0, n_splits):
+        s += tl.load(part_ptr + (split * B + row) * C + cols, mask=ok, other=0.0)
+    if HAS_BIAS:
+        s += tl.load(bias_ptr + cols * s_bias, mask=ok, other=0.0).to(tl.float32)
+    return tl.where(ok, s, NEG_INF)
+
+
+@triton.jit
 def _ms_normalize_kernel(p_ptr, m_ptr, il_ptr, B, C, s_pb, BLOCK_R: tl.constexpr,
                          BLOCK_N: tl.constexpr):
     """Pass 2 of "two_pass_store": logits -> probs in place, exp(s - m) / l."""
@@ -282,6 +344,7 @@ class MatmulSoftmaxPlan(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    splits: int = 1  # "split_k": K slices (each a multiple of block_k)
 
 
 def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, block_b=None,
@@ -292,7 +355,8 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     method=None: "simple" for small problems (B * K * C <= SIMPLE_MAX_WORK, C <= MAX_SIMPLE_C), else
     "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
     enough that recomputing the matmul is cheaper than storing the logits (ONLINE_MAX_K), else
-    "two_pass_store". An explicit block_c asks for one of the two multi-tile methods.
+    "two_pass_store". An explicit block_c asks for one of the multi-tile methods (not split_k,
+    which only an explicit method takes).
     """
     if input_precision is None:
         input_precision = "ieee"
@@ -342,6 +406,10 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         wide = bc >= 512 if half else bc >= 256
         bk = _pow2(K, 16, (32 if wide else 64) if half else (16 if wide else 32))
         warps = 8 if (half and bb < full_rows) or bb * bc >= 16384 else 4
+    elif method == SPLIT_K:
+        bb, bc, bk = (64, 128, 64) if half else (64, 128 if precision == "tf32" else 64, 32)
+        bb, bc, bk = _pow2(B, 16, bb), _pow2(C, 16, bc), _pow2(K, 16, bk)
+        warps = 8 if bb * bc >= 16384 else 4
     else:
         if half:
             bb, bc, bk = 128, 256, 64
@@ -363,7 +431,13 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bk = check_pow2("block_k", block_k, lo=8 if method == SIMPLE else 16)
     warps, stages = _launch_opts(warps if num_warps is None else num_warps,
                                  stages if num_stages is None else num_stages)
-    return MatmulSoftmaxPlan(method, precision, bb, bc, bk, warps, stages)
+    splits = 1
+    if method == SPLIT_K:
+        # About two programs per SM, each with at least 4 K tiles.
+        k_tiles = cdiv(K, bk)
+        want = min(cdiv(2 * sm_count, max(1, cdiv(B, bb) * cdiv(C, bc))), max(1, k_tiles // 4))
+        splits = cdiv(k_tiles, cdiv(k_tiles, want)) if k_tiles else 1  # no empty slice
+    return MatmulSoftmaxPlan(method, precision, bb, bc, bk, warps, stages, splits)
 
 
 def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
@@ -418,7 +492,8 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows; NOTES.md) TMA
     # took 63 against 88 us at K 512, C 50 and 93 against 234 at K 1024, C 100, but 48 against 33
     # at K 128, C 10 (two K tiles: nothing to pipeline) and 68 against 61 at K 512, C 256.
-    if (plan.method != SIMPLE and plan.precision != "ieee" and tiles >= sm_count_of(x.device)
+    if (plan.method not in (SIMPLE, SPLIT_K) and plan.precision != "ieee"
+            and tiles >= sm_count_of(x.device)
             and (plan.method != TILED or (plan.block_c <= 128 and K >= 256))
             and has_tma(x.device)):
         specs, a_t, b_t = tma_specs(x, aligned, strides[:4], None,
@@ -460,6 +535,21 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     if plan.method == SIMPLE:
         launch(_ms_simple_kernel, (B,), x, weight, bias_arg, out, C, K, *strides, HAS_BIAS=has_bias,
                BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
+        return out
+    if plan.method == SPLIT_K:
+        k_split = cdiv(cdiv(K, plan.block_k), plan.splits) * plan.block_k
+        n_splits = cdiv(K, k_split) if K else 1
+        part = empty((n_splits, B, C), torch.float32, x.device)
+        if K == 0:
+            part.zero_()
+        else:
+            launch(_ms_split_kernel, (cdiv(B, plan.block_b) * cdiv(C, plan.block_c), n_splits),
+                   x, weight, part, B, C, K, k_split, *strides[:4], BLOCK_B=plan.block_b,
+                   BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP, **dot_args,
+                   **options)
+        block_n = _pow2(C, 16, 4096)
+        launch(_ms_split_softmax_kernel, (B,), part, bias_arg, out, B, C, n_splits, strides[4],
+               strides[5], HAS_BIAS=has_bias, BLOCK_N=block_n, num_warps=4 if block_n <= 1024 else 8)
         return out
     tma = how.tma
     if tma is not None and (x.data_ptr() | weight.data_ptr()) & 15:

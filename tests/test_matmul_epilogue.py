@@ -16,7 +16,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {"ieee": 1e-5, "tf32": 3e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # The seed's sizes scaled down for the interpreter, plus odd and degenerate ones: (B, K, C).
 MS_SHAPES = [(64, 128, 10), (33, 70, 50), (1, 1, 1), (7, 3, 17), (5, 40, 300)]
-FUSED_METHODS = ["simple", "tiled", "online", "two_pass_store"]
+FUSED_METHODS = ["simple", "tiled", "online", "two_pass_store", "split_k"]
 
 
 def tol(dtype, precision="ieee", stored=False):
@@ -175,6 +175,39 @@ def test_fused_half_is_no_worse_than_eager(method, dtype, device):
     fused = rel_err(sr.matmul_softmax_fused(x, w, b, method=method, block_c=64
                                             if method == "online" else None), ref)
     assert fused <= eager
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_softmax_split_k(dtype, device, monkeypatch):
+    """split_k: two K slices, the second shorter and ending in a partial K tile (K = 300: 10 tiles
+    of 32, slices of 160 and 140), x transposed (K strided), a strided bias, several class tiles
+    (C = 300 by 128); poisoned outputs."""
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", 2)
+    monkeypatch.setattr(sr, "empty", lambda shape, dt, dev: torch.full(shape, float("nan"),
+                                                                      dtype=dt, device=dev))
+    B, K, C = 20, 300, 300
+    x, w, _ = ms_inputs(B, K, C, dtype, device)
+    x = x.t().contiguous().t()
+    b = (torch.randn(2 * C, device=device) * 0.5).to(dtype)[::2]
+    plan = sr.matmul_softmax_plan(B, K, C, dtype, method="split_k", block_c=128, block_k=32,
+                                  sm_count=2)
+    assert plan.splits == 2  # two programs per SM over 3 class tiles: 2 slices of >= 4 K tiles
+    out = sr.matmul_softmax_fused(x, w, b, method="split_k", block_c=128, block_k=32)
+    check_probs(out, x, w, b, TOL["ieee" if dtype == torch.float32 else dtype])
+
+
+def test_matmul_softmax_split_k_plan():
+    plan = sr.matmul_softmax_plan
+    # Few row blocks and a long K: ~2 programs an SM; each slice >= 4 K tiles; none empty.
+    p = plan(512, 4096, 200, torch.float16, method="split_k", sm_count=132)
+    assert (p.block_b, p.block_c, p.block_k) == (64, 128, 64) and p.splits == 16
+    assert plan(65536, 1024, 100, torch.float16, method="split_k", sm_count=132).splits == 1
+    assert plan(64, 100, 10, torch.float32, method="split_k", sm_count=132).splits == 1
+    for K in (65, 1000, 4097):
+        p = plan(16, K, 16, torch.float32, method="split_k", sm_count=132)
+        k_tiles = -(-K // p.block_k)
+        assert p.splits >= 1 and (p.splits - 1) * -(-k_tiles // p.splits) < k_tiles
+    assert plan(512, 4096, 200, torch.float16).method != "split_k"  # not picked by itself
 
 
 def test_matmul_softmax_plan_defaults():

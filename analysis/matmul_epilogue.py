@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ..kernels import linear_activation as la
 from ..kernels import softmax_regression as sr
+from ..kernels._common import sm_count_of
 
 from . import traffic
 from .sweep import Problem, Variant, compiled_variants, tf32
@@ -91,12 +92,20 @@ def matmul_softmax_problems(grid: str = "full") -> list[Problem]:
     return out
 
 
+def _sm_count() -> int:
+    """The SM count the kernels plan with: the GPU's, else the interpreter's stand-in."""
+    return sm_count_of(torch.device("cuda") if torch.cuda.is_available() else None)
+
+
 def _ms_problem(B, K, C, dtype, s, precision):
     kw = {"input_precision": precision} if dtype == torch.float32 else {}
     use_tf32 = precision == "tf32"
 
     def nbytes(impl, method=None):
-        return traffic.total(traffic.matmul_softmax_kernels(B, K, C, s, impl, method))
+        # split_k's partials: as many K slices as its plan takes on this machine's GPU.
+        splits = 1 if method != sr.SPLIT_K else sr.matmul_softmax_plan(
+            B, K, C, dtype, method=method, sm_count=_sm_count(), **kw).splits
+        return traffic.total(traffic.matmul_softmax_kernels(B, K, C, s, impl, method, splits))
     plan = sr.matmul_softmax_plan(B, K, C, dtype, **kw)
     variants = [
         Variant("torch_eager", tf32(eager_matmul_softmax, use_tf32),

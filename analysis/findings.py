@@ -286,7 +286,9 @@ def softmax_matmul_findings(df) -> dict:
                               compile=R.value_at(at, "torch_compile"),
                               unfused=R.value_at(at, "triton_unfused"),
                               peak_fused=R.value_at(at, "triton_fused", "peak_mib"),
-                              peak_eager=R.value_at(at, "torch_eager", "peak_mib"))
+                              peak_eager=R.value_at(at, "torch_eager", "peak_mib"),
+                              fastest=(at.loc[at["ms_median"].idxmin(), "impl"]
+                                       if at["ms_median"].notna().any() else None))
     sample = rows.iloc[0]
     out_mib = sample["batch"] * sample["d1"] * sample["d3"] * 4 / 2**20
     return dict(d2=d2, out_mib=out_mib, **out)

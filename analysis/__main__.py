@@ -87,9 +87,10 @@ def parse(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--resume", action="store_true",
-                    help="continue the unfinished run in --out (one process): same run id and "
-                         "limits, only the configurations it has not written yet; refused if the "
-                         "commit, kernel sources, GPU or versions differ")
+                    help="continue the unfinished run in --out: only the configurations it has "
+                         "not written yet; one process keeps the run id and limits, several "
+                         "workers start runs of their own beside the stopped ones; refused if "
+                         "the commit, kernel sources, GPU or versions differ")
     args = ap.parse_args(argv)
     try:
         problems = select_problems(args)
@@ -105,8 +106,6 @@ def parse(argv=None):
         args.workers = torch.cuda.device_count() if cuda else 1
     if args.workers > 1 and torch.device(args.device).index is not None:
         ap.error("--workers > 1 spreads over the visible GPUs: give --device cuda, not one GPU")
-    if args.resume and args.workers > 1:
-        ap.error("--resume continues a one-process run: give --workers 1")
     args.argv = ["python -m triton_fusion_report.analysis",
                  *(argv if argv is not None else sys.argv[1:])]
     return args, problems
@@ -130,7 +129,7 @@ def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dic
     if resume:
         meta, limit_rows = resumed(out, runs, device, families)
         total = len(problems)
-        problems = sweep.remaining(problems, out, meta["run_id"])
+        problems = sweep.remaining(problems, out, same_bench(out, runs.rows, meta, families))
         print(f"resuming run {meta['run_id']} (commit {meta['git_commit']}): "
               f"{total - len(problems)} of {total} problems done", flush=True)
     else:
@@ -168,6 +167,25 @@ def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dic
 
 # What a resumed run must share with the run it continues.
 SAME_FOR_RESUME = ("git_commit", "source_hash", "gpu", "sm_count", "torch", "triton", "cuda")
+
+
+def run_meta(out: Path, run_id: str) -> dict | None:
+    """A run's metadata as its limit rows carry it (None if it has none)."""
+    rows = schema.ParquetSink(out / "limits.parquet", schema.limits_schema(),
+                              keep_existing=True).rows
+    return next((r for r in rows if r["run_id"] == run_id), None)
+
+
+def same_bench(out: Path, run_rows: list[dict], meta: dict, families: str) -> set[str]:
+    """The runs in `out` that a resumed bench continues besides its own (several workers, several
+    commands): those of the same families, commit, kernel sources, GPU model and versions."""
+    ids = {meta["run_id"]}
+    for record in run_rows:
+        other = run_meta(out, record["run_id"])
+        if (record.get("families") == families and other is not None
+                and all(other.get(k) == meta.get(k) for k in SAME_FOR_RESUME)):
+            ids.add(record["run_id"])
+    return ids
 
 
 def resumed(out: Path, runs, device: torch.device, families: str) -> tuple[dict, list[dict]]:

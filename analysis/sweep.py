@@ -243,10 +243,12 @@ def _identity(row: dict, shape_keys) -> tuple:
             row["variant"], row["block"], row["num_warps"], *(row[k] for k in shape_keys))
 
 
-def remaining(problems, out_dir: Path, run_id: str) -> list:
-    """The problems whose rows of run `run_id` in out_dir are not all there yet (a resumed run's
-    work). A problem written in part (the run was stopped between its rows) loses those rows and
-    runs again, so that no configuration is measured twice in one run."""
+def remaining(problems, out_dir: Path, run_id) -> list:
+    """The problems whose rows of run `run_id` (or of any run in a set of ids: the runs of one
+    bench that several workers or commands share) in out_dir are not all there yet: a resumed
+    run's work. A problem written in part (the run was stopped between its rows) loses those rows
+    and runs again, so that no configuration is measured twice."""
+    run_ids = {run_id} if isinstance(run_id, str) else set(run_id)
     files: dict[str, schema.ParquetSink] = {}
     changed = set()
     todo = []
@@ -259,9 +261,9 @@ def remaining(problems, out_dir: Path, run_id: str) -> list:
         keys = list(problem.shape)
         wanted = collections.Counter(_identity(_base(problem, v), keys) for v in problem.variants)
         mine = [i for i, r in enumerate(rows)
-                if r["run_id"] == run_id and _identity(r, keys) in wanted]
+                if r["run_id"] in run_ids and _identity(r, keys) in wanted]
         have = collections.Counter(_identity(rows[i], keys) for i in mine)
-        if have == wanted:
+        if have == wanted and len({rows[i]["run_id"] for i in mine}) == 1:
             continue
         if mine:
             drop = set(mine)

@@ -2,7 +2,12 @@
 shared queue (so a GPU that finishes early takes more), measures it on its own GPU with that GPU's
 own limits, and writes its rows into a folder of its own; each row names its run and GPU
 (`gpu_index`). When every worker is done the parts are merged into the results folder as one
-process would have written it. A worker that dies leaves its part on disk and the others go on."""
+process would have written it. A worker that dies leaves its part on disk and the others go on.
+
+--resume (a bench stopped part way, e.g. by a command's time limit): the parts left on disk are
+merged into the folder first, the unfinished runs are marked "stopped", and new workers (runs of
+their own) measure only the problems that no run of the same commit, kernel sources, GPU and
+versions has written in full; their rows are added to the folder's."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -15,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from . import append_run, schema
+from . import append_run, machine, schema, sweep
 
 
 def _worker(k: int, args, queue, done) -> None:
@@ -27,6 +32,7 @@ def _worker(k: int, args, queue, done) -> None:
     else:  # the interpreter: workers share the CPU (a test of the machinery)
         device = torch.device("cpu")
     args.seed += k
+    args.resume = False  # a worker's run is new; run() chose the problems it may take
     problems = select_problems(args)
 
     def share():
@@ -47,8 +53,9 @@ def run(args, problems) -> dict[str, Path]:
     """Spread `problems` over `args.workers` processes; the merged family files."""
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     queue, done = ctx.Queue(), ctx.Value("i", 0)
+    todo = resume(args, problems) if args.resume else range(len(problems))
     # Largest first (by variants), so no long problem starts last while the others idle.
-    for i in sorted(range(len(problems)), key=lambda i: -len(problems[i].variants)):
+    for i in sorted(todo, key=lambda i: -len(problems[i].variants)):
         queue.put(i)
     for _ in range(args.workers):
         queue.put(None)
@@ -58,7 +65,7 @@ def run(args, problems) -> dict[str, Path]:
              for k in range(args.workers)]
     for p in procs:
         p.start()
-    total = sum(len(p.variants) for p in problems)
+    total = sum(len(problems[i].variants) for i in todo)
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -73,7 +80,8 @@ def run(args, problems) -> dict[str, Path]:
         bar.update(done.value - bar.n)
         bar.close()
     failed = [k for k, p in enumerate(procs) if p.exitcode != 0]
-    paths = merge([_part(args.out, k) for k in range(args.workers)], Path(args.out))
+    paths = merge([_part(args.out, k) for k in range(args.workers)], Path(args.out),
+                  keep_existing=args.resume)
     if failed:
         print(f"workers {failed} failed: their rows so far are merged; their parts stay in "
               f"{parts}", file=sys.stderr)
@@ -82,13 +90,50 @@ def run(args, problems) -> dict[str, Path]:
     return paths
 
 
-def merge(parts: list[Path], out: Path) -> dict[str, Path]:
+def resume(args, problems) -> list[int]:
+    """The indices of `problems` a resumed bench still has to measure (module docstring)."""
+    from .__main__ import FAMILIES, SAME_FOR_RESUME, run_meta, same_bench
+
+    out = Path(args.out)
+    leftovers = sorted((out / ".parts").glob("worker*"))
+    if leftovers:
+        merge(leftovers, out, keep_existing=True)
+        shutil.rmtree(out / ".parts")
+    runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
+    families = ",".join(args.family or sorted(FAMILIES))
+    stopped = [r for r in runs.rows if r.get("status") == "running"]
+    if not stopped:
+        raise SystemExit(f"--resume: no unfinished run in {out} (runs.parquet has none running)")
+    now = machine.run_metadata(torch.device(args.device))
+    for record in stopped:
+        meta = run_meta(out, record["run_id"]) or {}
+        if record.get("families") != families:
+            raise SystemExit(f"--resume: run {record['run_id']} swept {record.get('families')}, "
+                             f"this command {families}: give the same --family options")
+        for key in SAME_FOR_RESUME:
+            if meta.get(key) != now[key]:
+                raise SystemExit(f"--resume: run {record['run_id']} has {key}={meta.get(key)!r}, "
+                                 f"this process {now[key]!r}: a bench is one commit on one GPU "
+                                 f"model")
+        record["status"] = "stopped"
+    runs.flush()
+    ids = same_bench(out, runs.rows, run_meta(out, stopped[-1]["run_id"]), families)
+    todo = sweep.remaining(problems, out, ids)
+    print(f"resuming runs {', '.join(sorted(ids))}: {len(problems) - len(todo)} of "
+          f"{len(problems)} problems done", flush=True)
+    return [i for i, p in enumerate(problems) if any(p is t for t in todo)]
+
+
+def merge(parts: list[Path], out: Path, keep_existing: bool = False) -> dict[str, Path]:
     """The workers' family files, concatenated into `out` (replacing a family's file there, as
-    one process's run does); their limits and run records appended to `out`'s."""
+    one process's run does, unless keep_existing: then added to its rows); their limits and run
+    records appended to `out`'s."""
     paths = {}
     for family in schema.FAMILY_SHAPES:
         tables = [pq.read_table(p / f"{family}.parquet") for p in parts
                   if (p / f"{family}.parquet").exists()]
+        if tables and keep_existing and (out / f"{family}.parquet").exists():
+            tables.insert(0, pq.read_table(out / f"{family}.parquet"))
         if tables:
             path = out / f"{family}.parquet"
             append_run._write(pa.concat_tables(tables), path)

@@ -527,6 +527,45 @@ def test_workers_share_the_problems_and_merge(tmp_path):
     assert not (out / ".parts").exists()
 
 
+def test_resume_with_workers_after_a_stopped_bench(tmp_path, tiny_softmax_grid, monkeypatch,
+                                                   capsys):
+    """A multi-worker bench killed part way leaves its parts unmerged: --resume --workers 2 merges
+    them, marks the unfinished run stopped, drops its half-written problem and has new workers
+    measure only that one; every configuration ends up in the folder once."""
+    from triton_fusion_report.analysis import sweep
+
+    out = tmp_path / "run"
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    real = sweep._run_problem
+    seen = []
+
+    def dies_in_the_second(problem, *args):
+        seen.append(problem)
+        for i, row in enumerate(real(problem, *args)):
+            if len(seen) == 2 and i == 1:
+                raise RuntimeError("killed")
+            yield row
+
+    monkeypatch.setattr(sweep, "_run_problem", dies_in_the_second)
+    with pytest.raises(RuntimeError, match="killed"):  # as worker 0 of a bench, then stopped
+        cli.main(["--out", str(out / ".parts" / "worker0"), *base])
+    stopped = pd.read_parquet(out / ".parts" / "worker0" / "runs.parquet")["run_id"].iloc[0]
+    monkeypatch.setattr(sweep, "_run_problem", real)
+
+    assert cli.main(["--out", str(out), *base, "--workers", "2", "--resume"]) == 0
+    assert "1 of 2 problems done" in capsys.readouterr().out
+    df = pd.read_parquet(out / "softmax.parquet")
+    assert len(df) == 2 * 7 and not df.duplicated(["impl", "dtype", "rows", "width",
+                                                    "variant"]).any()
+    runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
+    assert runs.loc[stopped, "status"] == "stopped" and len(runs) == 3
+    assert (runs.drop(index=stopped)["status"] == "finished").all()
+    assert (df["run_id"] == stopped).sum() == 7  # its finished problem kept, the partial one not
+    assert not (out / ".parts").exists()
+    with pytest.raises(SystemExit, match="no unfinished run"):
+        cli.main(["--out", str(out), *base, "--workers", "2", "--resume"])
+
+
 def test_where_selects_shapes():
     """--where COL=VALUE keeps the problems with that value (COL=V1,V2: either); several keys
     must all hold; a problem without the column is left out."""

@@ -123,9 +123,13 @@ def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dic
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     out.mkdir(parents=True, exist_ok=True)
-    runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
     families = ",".join(args.family or sorted(FAMILIES))
     resume = getattr(args, "resume", False)
+    if resume:  # a stopped multi-worker bench's parts first (checked, then merged)
+        from .workers import adopt_stopped
+
+        adopt_stopped(out, families, machine.run_metadata(device))
+    runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
     if resume:
         meta, limit_rows = resumed(out, runs, device, families)
         total = len(problems)
@@ -195,6 +199,9 @@ def resumed(out: Path, runs, device: torch.device, families: str) -> tuple[dict,
     if not running:
         raise SystemExit(f"--resume: no unfinished run in {out} (runs.parquet has none running)")
     record = running[-1]
+    for other in running[:-1]:  # continued by this one's process, their rows kept
+        other["status"] = "stopped"
+    runs.flush()
     if record.get("families") != families:
         raise SystemExit(f"--resume: run {record['run_id']} swept {record.get('families')}, "
                          f"this command {families}: give the same --family options")

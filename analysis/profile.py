@@ -105,7 +105,8 @@ DETAIL_METRICS = {
     "Dynamic Shared Memory Per Block": "smem_kb",
 }
 _DETAIL_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
-                 "byte/block": 1e-3, "kbyte/block": 1.0}
+                 "s": 1e6, "second": 1e6, "byte/block": 1e-3, "kbyte/block": 1.0,
+                 "mbyte/block": 1e3}
 
 
 def ncu_details(text: str) -> pd.DataFrame:
@@ -124,8 +125,11 @@ def ncu_details(text: str) -> pd.DataFrame:
         name = DETAIL_METRICS.get(row["Metric Name"])
         if name is None or name in k:
             continue
-        value = float(row["Metric Value"].replace(",", ""))
-        k[name] = value * _DETAIL_SCALE.get((row.get("Metric Unit") or "").strip(), 1.0)
+        try:
+            value = float(row["Metric Value"].replace(",", ""))
+        except ValueError:  # "n/a", "no data": not measured
+            value = float("nan")
+        k[name] = value * _DETAIL_SCALE.get((row.get("Metric Unit") or "").strip().lower(), 1.0)
     return pd.DataFrame(sorted(kernels.values(), key=lambda k: k["id"]))
 
 

@@ -201,7 +201,7 @@ def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None, splits=1) -> li
     read back. Fused: read x, W, b, write the probabilities; the "online" method reads x and W a
     second time to recompute the logits (twice the FLOPs) instead of storing them;
     "two_pass_store" writes the logits into the output and rewrites them in place; "split_k"
-    writes `splits` float32 partial logits and reads them back."""
+    writes `splits` float32 partial logits and reads them back twice."""
     x, w, b, o = B * K * itemsize, K * C * itemsize, C * itemsize, B * C * itemsize
     stats = B * 4 * 2
     mm = 2 * B * K * C
@@ -216,9 +216,10 @@ def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None, splits=1) -> li
         return [Kernel("pass 1: logits -> out, row max, sum", x + w + b, o + stats, mm),
                 Kernel("pass 2: normalise in place", o + stats, o)]
     if method == "split_k":
+        # The row pass reads the partials (and the bias) twice: for the max and sum, then to write.
         parts = splits * B * C * 4
         return [Kernel("pass 1: partial logits per K slice", x + w, parts, mm),
-                Kernel("pass 2: sum slices + b, softmax", parts + b, o)]
+                Kernel("pass 2: sum slices + b, softmax", 2 * (parts + b), o)]
     return [Kernel("softmax(x @ W + b)", x + w + b, o, mm)]
 
 

@@ -83,41 +83,68 @@ def run(args, problems) -> dict[str, Path]:
     paths = merge([_part(args.out, k) for k in range(args.workers)], Path(args.out),
                   keep_existing=args.resume)
     if failed:
-        print(f"workers {failed} failed: their rows so far are merged; their parts stay in "
-              f"{parts}", file=sys.stderr)
+        # Out of .parts: a later --resume must not merge these rows a second time.
+        kept = parts.with_name(".parts-merged")
+        shutil.rmtree(kept, ignore_errors=True)
+        parts.rename(kept)
+        print(f"workers {failed} failed: their rows so far are merged (their parts are kept in "
+              f"{kept}); --resume measures what is missing", file=sys.stderr)
     else:
         shutil.rmtree(parts, ignore_errors=True)
     return paths
 
 
-def resume(args, problems) -> list[int]:
-    """The indices of `problems` a resumed bench still has to measure (module docstring)."""
-    from .__main__ import FAMILIES, SAME_FOR_RESUME, run_meta, same_bench
+def adopt_stopped(out: Path, families: str, now: dict) -> list[str]:
+    """The unfinished runs a --resume continues, in order (ids): those in `out` and in the parts
+    a stopped multi-worker bench left in out/.parts. Each is checked first (same families,
+    commit, kernel sources, GPU model and versions as this process: else SystemExit, nothing
+    changed); then the parts' rows are merged into `out` (a part whose runs `out` already holds
+    is not merged twice) and .parts removed."""
+    from .__main__ import SAME_FOR_RESUME, run_meta
 
-    out = Path(args.out)
+    out = Path(out)
     leftovers = sorted((out / ".parts").glob("worker*"))
-    if leftovers:
-        merge(leftovers, out, keep_existing=True)
-        shutil.rmtree(out / ".parts")
-    runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
-    families = ",".join(args.family or sorted(FAMILIES))
-    stopped = [r for r in runs.rows if r.get("status") == "running"]
-    if not stopped:
+
+    def records(folder):
+        path = folder / "runs.parquet"
+        return schema.ParquetSink(path, schema.runs_schema(), keep_existing=True).rows \
+            if path.exists() else []
+
+    running = [(folder, r) for folder in (out, *leftovers) for r in records(folder)
+               if r.get("status") == "running"]
+    if not running:
         raise SystemExit(f"--resume: no unfinished run in {out} (runs.parquet has none running)")
-    now = machine.run_metadata(torch.device(args.device))
-    for record in stopped:
-        meta = run_meta(out, record["run_id"]) or {}
+    for folder, record in running:
         if record.get("families") != families:
             raise SystemExit(f"--resume: run {record['run_id']} swept {record.get('families')}, "
                              f"this command {families}: give the same --family options")
+        meta = run_meta(folder, record["run_id"]) or {}
         for key in SAME_FOR_RESUME:
             if meta.get(key) != now[key]:
                 raise SystemExit(f"--resume: run {record['run_id']} has {key}={meta.get(key)!r}, "
                                  f"this process {now[key]!r}: a bench is one commit on one GPU "
                                  f"model")
-        record["status"] = "stopped"
+    known = {r["run_id"] for r in records(out)}
+    fresh = [p for p in leftovers if not {r["run_id"] for r in records(p)} <= known]
+    if fresh:
+        merge(fresh, out, keep_existing=True)
+    shutil.rmtree(out / ".parts", ignore_errors=True)
+    return [r["run_id"] for _, r in running]
+
+
+def resume(args, problems) -> list[int]:
+    """The indices of `problems` a resumed bench still has to measure (module docstring)."""
+    from .__main__ import FAMILIES, run_meta, same_bench
+
+    out = Path(args.out)
+    families = ",".join(args.family or sorted(FAMILIES))
+    stopped = adopt_stopped(out, families, machine.run_metadata(torch.device(args.device)))
+    runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
+    for record in runs.rows:
+        if record["run_id"] in stopped:
+            record["status"] = "stopped"
     runs.flush()
-    ids = same_bench(out, runs.rows, run_meta(out, stopped[-1]["run_id"]), families)
+    ids = same_bench(out, runs.rows, run_meta(out, stopped[-1]), families)
     todo = sweep.remaining(problems, out, ids)
     print(f"resuming runs {', '.join(sorted(ids))}: {len(problems) - len(todo)} of "
           f"{len(problems)} problems done", flush=True)

@@ -264,8 +264,8 @@ def _ms_split_kernel(x_ptr, w_ptr, part_ptr, B, C, K, k_split, s_xb, s_xk, s_wk,
     """Pass 1 of "split_k": the float32 logits tile of K slice program_id(1) (k_split long, a
     multiple of BLOCK_K; the last one shorter) into part[split] (splits, B, C)."""
     pid_b, pid_c = _grouped(tl.program_id(0), B, C, BLOCK_B, BLOCK_C, GROUP_B)
-    split = tl.program_id(1)
-    k0 = split.to(tl.int64) * k_split
+    split = tl.program_id(1).to(tl.int64)
+    k0 = split * k_split
     acc, rows, cols = _mm_tile(x_ptr + k0 * s_xk, w_ptr + k0 * s_wk, pid_b, pid_c, B, C,
                                tl.minimum(k_split, K - k0), s_xb, s_xk, s_wk, s_wc, BLOCK_B,
                                BLOCK_C, BLOCK_K, EVEN_K, INPUT_PRECISION, UPCAST)
@@ -305,8 +305,11 @@ def _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits, s_bias, HAS_BIA
     """One row's logits at cols (-inf past C): the sum of its split partials, plus the bias."""
     ok = cols < C
     s = tl.zeros([BLOCK_N], tl.float32)
-    for split in tl.range(0, n_splits):
-        s += tl.load(part_ptr + (split * B + row) * C + cols, mask=ok, other=0.0)
+    ptrs = part_ptr + row * C + cols
+    plane = (row * 0 + B) * C  # one split's B * C elements, in int64 as row is
+    for _ in tl.range(0, n_splits):
+        s += tl.load(ptrs, mask=ok, other=0.0)
+        ptrs += plane
     if HAS_BIAS:
         s += tl.load(bias_ptr + cols * s_bias, mask=ok, other=0.0).to(tl.float32)
     return tl.where(ok, s, NEG_INF)

@@ -206,13 +206,17 @@ class _FusedLaunch(NamedTuple):
 
 def _tma_spec(t, block) -> tuple | None:
     """A 3-D descriptor's (shape, strides, block shape) over t, or None where TMA cannot read t:
-    last dim not contiguous, another stride not a positive multiple of 16 bytes, a dim of 2**31
-    or more (TMA coordinates are i32)."""
-    *outer, last = t.stride()
-    if last != 1 or max(t.shape) >= 2**31 or any(s <= 0 or (s * t.element_size()) % 16
-                                                  for s in outer):
+    last dim not contiguous, another stride not a positive multiple of 16 bytes or of 2**40 bytes
+    or more (the hardware's limits), a dim of 2**31 or more (TMA coordinates are i32). The
+    strides are `plan_strides`' (what the plan cache's key says about t), so that every tensor
+    that finds this plan has a layout it describes."""
+    strides = plan_strides(t)
+    *outer, last = strides
+    size = t.element_size()
+    if last != 1 or max(t.shape) >= 2**31 or any(
+            s <= 0 or (s * size) % 16 or s * size >= 2**40 for s in outer):
         return None
-    return list(t.shape), list(t.stride()), [1, *block]
+    return list(t.shape), list(strides), [1, *block]
 
 
 def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, num_stages,

@@ -527,15 +527,18 @@ def test_workers_share_the_problems_and_merge(tmp_path):
     assert not (out / ".parts").exists()
 
 
-def test_resume_with_workers_after_a_stopped_bench(tmp_path, tiny_softmax_grid, monkeypatch,
-                                                   capsys):
+def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys):
     """A multi-worker bench killed part way leaves its parts unmerged: --resume --workers 2 merges
     them, marks the unfinished run stopped, drops its half-written problem and has new workers
-    measure only that one; every configuration ends up in the folder once."""
-    from triton_fusion_report.analysis import sweep
+    measure only that one; every configuration ends up in the folder once. (The workers are
+    spawned processes: they build the real smoke grid, so the test uses it too.) A part that is
+    already merged (a failed worker's) is not merged twice."""
+    from triton_fusion_report.analysis import sweep, workers
 
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
+    assert len(problems) >= 2
     real = sweep._run_problem
     seen = []
 
@@ -547,23 +550,54 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, tiny_softmax_grid, 
             yield row
 
     monkeypatch.setattr(sweep, "_run_problem", dies_in_the_second)
+    part = out / ".parts" / "worker0"
     with pytest.raises(RuntimeError, match="killed"):  # as worker 0 of a bench, then stopped
-        cli.main(["--out", str(out / ".parts" / "worker0"), *base])
-    stopped = pd.read_parquet(out / ".parts" / "worker0" / "runs.parquet")["run_id"].iloc[0]
+        cli.main(["--out", str(part), *base])
+    stopped = pd.read_parquet(part / "runs.parquet")["run_id"].iloc[0]
     monkeypatch.setattr(sweep, "_run_problem", real)
+    workers.merge([part], out)  # as a failed worker's part: in the folder already
 
     assert cli.main(["--out", str(out), *base, "--workers", "2", "--resume"]) == 0
-    assert "1 of 2 problems done" in capsys.readouterr().out
+    assert f"1 of {len(problems)} problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert len(df) == 2 * 7 and not df.duplicated(["impl", "dtype", "rows", "width",
-                                                    "variant"]).any()
+    n = [len(p.variants) for p in problems]
+    keys = ["impl", "dtype", "rows", "width", "variant"]
+    assert len(df) == sum(n) and not df.duplicated(keys).any()
+    new = df[df["run_id"] != stopped]
+    shapes = {(p.shape["rows"], p.shape["width"], str(p.dtype)[6:]) for p in problems[1:]}
+    assert len(new) == sum(n[1:])
+    assert set(zip(new["rows"], new["width"], new["dtype"])) == shapes
+    assert (df["run_id"] == stopped).sum() == n[0]  # its finished problem kept, not the partial
     runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
     assert runs.loc[stopped, "status"] == "stopped" and len(runs) == 3
     assert (runs.drop(index=stopped)["status"] == "finished").all()
-    assert (df["run_id"] == stopped).sum() == 7  # its finished problem kept, the partial one not
     assert not (out / ".parts").exists()
     with pytest.raises(SystemExit, match="no unfinished run"):
         cli.main(["--out", str(out), *base, "--workers", "2", "--resume"])
+
+
+def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid, monkeypatch):
+    """A resume refused (another commit) changes nothing: the stopped parts stay unmerged."""
+    from triton_fusion_report.analysis import machine, sweep
+
+    out = tmp_path / "run"
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    real = sweep._run_problem
+
+    def dies(problem, *args):
+        yield next(real(problem, *args))
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(sweep, "_run_problem", dies)
+    with pytest.raises(RuntimeError, match="killed"):
+        cli.main(["--out", str(out / ".parts" / "worker0"), *base])
+    meta = machine.run_metadata
+    monkeypatch.setattr(machine, "run_metadata", lambda d: {**meta(d), "git_commit": "0" * 40})
+    for extra in (["--workers", "2"], ["--workers", "1"]):
+        with pytest.raises(SystemExit, match="git_commit"):
+            cli.main(["--out", str(out), *base, *extra, "--resume"])
+        assert (out / ".parts" / "worker0" / "softmax.parquet").exists()
+        assert not (out / "softmax.parquet").exists()
 
 
 def test_where_selects_shapes():

@@ -139,6 +139,20 @@ def test_tma_falls_back(device, monkeypatch):
         sm.triton_fused(x, v, tma="yes")
 
 
+def test_tma_spec_limits():
+    """Strides of 2**40 bytes or more are past TMA's reach; a contiguous tensor is described by the
+    strides the plan cache's key implies (a size-1 dim's stride can be anything)."""
+    h = torch.float16
+    big = torch.empty_strided((2, 16, 64), (2**39, 64, 1), device="meta", dtype=h)
+    assert sm._tma_spec(big, (16, 16)) is None
+    ok = torch.empty_strided((2, 16, 64), (2**39 - 8, 64, 1), device="meta", dtype=h)
+    assert sm._tma_spec(ok, (16, 16))[1] == [2**39 - 8, 64, 1]
+    one = torch.empty_strided((1, 16, 64), (2**45, 64, 1), device="meta", dtype=h)
+    assert one.is_contiguous() and sm._tma_spec(one, (16, 16))[1] == [1024, 64, 1]
+    odd = torch.empty_strided((2, 1, 64), (64, 1, 1), device="meta", dtype=h)  # contiguous too
+    assert sm._tma_spec(odd, (16, 16))[1] == [64, 64, 1]
+
+
 def test_seed_names(device):
     x, v = inputs((2, 17, 33, 19), torch.float32, device)
     assert torch.allclose(sm.softmax_mult(x, v), F.softmax(x, dim=-1) @ v)

@@ -527,6 +527,25 @@ def test_workers_share_the_problems_and_merge(tmp_path):
     assert not (out / ".parts").exists()
 
 
+def _dies_in_the_second_problem(monkeypatch):
+    """A sweep stopped part way: sweep._run_problem raises after the first row of the second
+    problem from now on. Returns the real one (to put back for the resume)."""
+    from triton_fusion_report.analysis import sweep
+
+    real = sweep._run_problem
+    seen = []
+
+    def dies_in_the_second(problem, *args):
+        seen.append(problem)
+        for i, row in enumerate(real(problem, *args)):
+            if len(seen) == 2 and i == 1:
+                raise RuntimeError("killed")
+            yield row
+
+    monkeypatch.setattr(sweep, "_run_problem", dies_in_the_second)
+    return real
+
+
 def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys):
     """A multi-worker bench killed part way leaves its parts unmerged: --resume --workers 2 merges
     them, marks the unfinished run stopped, drops its half-written problem and has new workers
@@ -539,17 +558,7 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
     problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
     assert len(problems) >= 2
-    real = sweep._run_problem
-    seen = []
-
-    def dies_in_the_second(problem, *args):
-        seen.append(problem)
-        for i, row in enumerate(real(problem, *args)):
-            if len(seen) == 2 and i == 1:
-                raise RuntimeError("killed")
-            yield row
-
-    monkeypatch.setattr(sweep, "_run_problem", dies_in_the_second)
+    real = _dies_in_the_second_problem(monkeypatch)
     part = out / ".parts" / "worker0"
     with pytest.raises(RuntimeError, match="killed"):  # as worker 0 of a bench, then stopped
         cli.main(["--out", str(part), *base])
@@ -623,17 +632,7 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
     out = tmp_path / "run"
     argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
             "--no-progress"]
-    real = sweep._run_problem
-    seen = []
-
-    def dies_in_the_second(problem, *args):
-        seen.append(problem)
-        for i, row in enumerate(real(problem, *args)):
-            if len(seen) == 2 and i == 1:
-                raise RuntimeError("killed")
-            yield row
-
-    monkeypatch.setattr(sweep, "_run_problem", dies_in_the_second)
+    real = _dies_in_the_second_problem(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         cli.main(argv)
     first = pd.read_parquet(out / "softmax.parquet")

@@ -45,7 +45,7 @@ import triton.language as tl
 from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, descriptor, empty, has_tma,
                       launch, layout_key, plan_cache, plan_strides, sm_count_of)
 from ._common import upcast_bf16 as _upcast_bf16
-from .stored_softmax import softmax_rows
+from .stored_softmax import online_finish, online_step, softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
                           _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
                           operand_strides, tf32_copies, tma_specs, tma_tile)
@@ -285,13 +285,9 @@ def _ms_split_softmax_kernel(part_ptr, bias_ptr, out_ptr, B, C, n_splits, s_bias
     l = tl.zeros([BLOCK_N], tl.float32)
     for start in tl.range(0, C, BLOCK_N):
         cols = start + offs
-        s = _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits, s_bias, HAS_BIAS, BLOCK_N)
-        m_new = tl.maximum(m, s)
-        shift = tl.where(m_new == NEG_INF, 0.0, m_new)  # columns past C: -inf throughout
-        l = l * tl.exp(m - shift) + tl.exp(s - shift)
-        m = m_new
-    m_row = tl.max(m, 0)
-    il = 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
+        m, l = online_step(m, l, _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits,
+                                               s_bias, HAS_BIAS, BLOCK_N))
+    m_row, il = online_finish(m, l)
     for start in tl.range(0, C, BLOCK_N):
         cols = start + offs
         s = _split_logits(part_ptr, bias_ptr, row, cols, B, C, n_splits, s_bias, HAS_BIAS, BLOCK_N)

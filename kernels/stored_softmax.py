@@ -50,19 +50,29 @@ def _softmax_rows_kernel(x_ptr, out_ptr, d1, d2, sx_b, sx_1, sx_2, so_b, so_1, s
         l = tl.zeros([BLOCK], tl.float32)
         for start in tl.range(0, n, BLOCK):
             ks = start + offs
-            s = _scaled(x_row + ks * sx_2, ks < n, scale)
-            m_new = tl.maximum(m, s)
-            # Lanes that have seen only -inf shift by 0, not -inf (no NaN from -inf - -inf).
-            m_sub = tl.where(m_new == NEG_INF, 0.0, m_new)
-            l = l * tl.exp(m - m_sub) + tl.exp(s - m_sub)
-            m = m_new
-        m_row = tl.max(m, 0)
-        inv_l = 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
+            m, l = online_step(m, l, _scaled(x_row + ks * sx_2, ks < n, scale))
+        m_row, inv_l = online_finish(m, l)
         for start in tl.range(0, d2, BLOCK):
             ks = start + offs
             s = _scaled(x_row + ks * sx_2, ks < n, scale)
             tl.store(o_row + ks * so_2, (tl.exp(s - m_row) * inv_l).to(out_ptr.dtype.element_ty),
                      mask=ks < d2)
+
+
+@triton.jit
+def online_step(m, l, s):
+    """One chunk of a per-lane online softmax: each lane's running max m and sum of exp l, updated
+    with scores s. Lanes that have seen only -inf shift by 0, not -inf (no NaN from -inf - -inf)."""
+    m_new = tl.maximum(m, s)
+    shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+    return m_new, l * tl.exp(m - shift) + tl.exp(s - shift)
+
+
+@triton.jit
+def online_finish(m, l):
+    """The row's max and 1 / (sum of exp) from the lanes' (m, l) of online_step."""
+    m_row = tl.max(m, 0)
+    return m_row, 1.0 / tl.sum(l * tl.exp(m - m_row), 0)
 
 
 def softmax_rows(x: torch.Tensor, out: torch.Tensor | None = None, *, scale: float = 1.0,

@@ -216,6 +216,30 @@ def test_md_table_escapes_markdown():
     assert "softmax(X)\\@V" in text and "a\\|b" in text and "| —" in text
 
 
+def test_limits_by_run_puts_one_run_and_gpu_on_a_line():
+    """Two GPUs of one run are two lines; a limit a run did not measure is NaN, not another
+    run's value; span reads the lowest and highest, NaN for an absent column."""
+    import pandas as pd
+
+    from triton_fusion_report.analysis import report as R
+
+    def row(run, gpu, metric, prec, value):
+        return dict(run_id=run, started_at=f"2026-11-2{run}T10:00:00", gpu_index=gpu,
+                    metric=metric, precision=prec, value=value, detail=f"{metric} of run {run}")
+    limits = pd.DataFrame([row(1, 0, "copy_bw", "ieee", 3000.0), row(1, 0, "matmul_peak", "fp16", 700.0),
+                           row(1, 1, "copy_bw", "ieee", 2990.0), row(1, 1, "matmul_peak", "fp16", 760.0),
+                           row(2, 0, "copy_bw", "ieee", 3010.0), row(2, 0, "stream_bw", "ieee", 3100.0)])
+    wide = R.limits_by_run(limits)
+    assert list(wide.columns) == ["run (UTC)", "GPU", "copy", "stream", "fp16"]
+    assert wide["GPU"].tolist() == ["#0", "#1", "#0"]
+    assert wide["fp16"].tolist()[:2] == [700.0, 760.0] and math.isnan(wide["fp16"].iloc[2])
+    assert R.span(wide, "copy") == (2990.0, 3010.0)
+    assert all(math.isnan(v) for v in R.span(wide, "TF32"))
+    how = R.limit_methods(limits)
+    assert how["limit"].tolist() == ["copy", "stream", "fp16"]
+    assert how["how"].tolist()[0] == "copy_bw of run 2"  # the latest run's detail
+
+
 def _chapter_namespace(qmd: Path, folder: Path, monkeypatch) -> dict:
     """Run a chapter's cells against `folder`; its namespace."""
     monkeypatch.chdir(qmd.parent)

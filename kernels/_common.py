@@ -367,6 +367,108 @@ def cached(cache: dict, key, compute, *args):
     cache[key] = value
     return value
 
+# ------------------------------------------------------------------------------------------------
+# Launch settings timed on the device (attention's config, LayerNorm's forward plan).
+
+
+def fastest(memo: dict, key: tuple, candidates: list, time_ms, kernels, device):
+    """The fastest of `candidates` for `key`: memo[key], else the choice a process on the same
+    kind of GPU kept on disk, else timed now (`time_ms(candidate)` -> ms; a candidate that does
+    not compile for this GPU, for shared memory or registers, is skipped) and remembered.
+
+    The disk copy follows Triton's own autotuner: only with TRITON_CACHE_AUTOTUNING=1, in
+    Triton's cache, named by Triton's version, the GPU (name, SM count, capability), the
+    kernels' sources, the cache-invalidating environment, this module's overrides, the key and
+    the candidates, so that a changed kernel or candidate list never takes an old choice. The
+    choice is one of `candidates` whatever the file says: at worst a slower one, never a wrong
+    result."""
+    choice = memo.get(key)
+    if choice is not None:
+        return choice
+    disk = _tuning_file(key, candidates, kernels, device) if knobs.autotuning.cache else None
+    if disk is not None:
+        choice = disk.load()
+    if choice is None:
+        timings = {}
+        for cand in candidates:
+            try:
+                timings[cand] = time_ms(cand)
+            except (triton.runtime.errors.OutOfResources,
+                    triton.compiler.errors.CompilationError):
+                continue
+        if not timings:
+            raise RuntimeError(f"no candidate compiles for {key}")
+        choice = min(timings, key=timings.get)
+        if disk is not None:
+            disk.store(choice, timings)
+    memo[key] = choice
+    return choice
+
+
+class _TuningFile:
+    """One tuning choice in Triton's cache: the winner's index among the candidates, with every
+    candidate's time for the record."""
+
+    def __init__(self, digest: str, candidates: list):
+        from triton.runtime.cache import get_cache_manager
+
+        self.cache = get_cache_manager(digest)
+        self.candidates = candidates
+
+    def load(self):
+        import json
+
+        path = self.cache.get_file("tuning.json")
+        if path is None:
+            return None
+        try:
+            with open(path) as f:
+                index = json.load(f)["choice"]
+            return self.candidates[index] if 0 <= index < len(self.candidates) else None
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable: time again
+            return None
+
+    def store(self, choice, timings: dict) -> None:
+        import json
+
+        self.cache.put(json.dumps({
+            "choice": self.candidates.index(choice),
+            "candidates": [repr(c) for c in self.candidates],
+            "ms": [timings.get(c) for c in self.candidates]}), "tuning.json", binary=False)
+
+
+def _tuning_file(key, candidates, kernels, device) -> _TuningFile:
+    import hashlib
+
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.runtime.cache import triton_key
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu = (props.name, props.multi_processor_count, _capability(device))
+    else:
+        gpu = (device.type,)
+    sources = [getattr(k, "cache_key", None) or _source_digest(k) for k in kernels]
+    # The device's index is not part of the choice: GPUs of one kind share it.
+    plain_key = tuple(d.type if isinstance(d, torch.device) else d for d in key)
+    parts = [triton_key(), repr(gpu), *sources,
+             repr(sorted(get_cache_invalidating_env_vars().items())),
+             repr((SM_COUNT_OVERRIDE, NO_TMA, MAX_SHARED)), repr(plain_key),
+             *(repr(c) for c in candidates)]
+    return _TuningFile(hashlib.sha256("-".join(parts).encode()).hexdigest(), candidates)
+
+
+def _source_digest(kernel) -> str:
+    """A kernel without Triton's cache key (the interpreter's): its module's source."""
+    import hashlib
+    import inspect
+    import sys
+
+    fn = getattr(kernel, "fn", kernel)
+    return hashlib.sha256(inspect.getsource(sys.modules[fn.__module__]).encode()).hexdigest()
+
+
 
 # ------------------------------------------------------------------------------------------------
 # Launching at the floor.

@@ -30,7 +30,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
-                      has_tma, interpreting, is_fake, launch, layout_key, next_pow2, plan_cache)
+                      fastest, has_tma, interpreting, is_fake, launch, layout_key, next_pow2,
+                      plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -251,20 +252,12 @@ def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def _tune(key, seq, run) -> tuple:
-    """Time every candidate (128-row blocks only when there are 128 queries to fill them) and
-    keep the fastest; candidates that do not compile (shared memory) are skipped."""
+def _tune(key, seq, run, device) -> tuple:
+    """The fastest candidate (128-row blocks only when there are 128 queries to fill them),
+    timed once per key (see `fastest`: kept on disk with TRITON_CACHE_AUTOTUNING=1)."""
     candidates = [c for c in CONFIGS if c[0] <= max(64, seq)]
-    timings = {}
-    for cfg in candidates:
-        try:
-            timings[cfg] = _bench(lambda: run(cfg))
-        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
-            continue
-    if not timings:
-        raise RuntimeError(f"no attention config compiles for {key}")
-    _TUNED[key] = min(timings, key=timings.get)
-    return _TUNED[key]
+    return fastest(_TUNED, key, candidates, lambda cfg: _bench(lambda: run(cfg)),
+                   (_attn_fwd, _attn_fwd_pointers), device)
 
 
 def default_config(seq: int, head_dim: int, causal: bool) -> dict:
@@ -423,7 +416,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         launch(kernel, (cdiv(seq, bm), batch * heads), *args, **consts, BLOCK_M=bm,
                BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
-    cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run)
+    cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run, q.device)
     run(cfg)
     if key is not None and plan.host:
         if len(_STEADY) >= STEADY_MAX_ENTRIES:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, default_warps, empty, launch, next_pow2, sm_count_of
+from ._common import cdiv, default_warps, empty, fastest, launch, next_pow2, sm_count_of
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384
@@ -281,7 +281,8 @@ def _bench(fn) -> float:
 
 def tuned_launch(x, n_rows, n_cols, x_row_stride, weight, bias, how: FwdLaunch) -> FwdLaunch:
     """`how` with the fastest of `plan_candidates(how.plan)` on this device, timed once per key on
-    x itself (into a scratch output) at its first call; later calls of the key take the choice."""
+    x itself (into a scratch output) at its first call (see `fastest`: kept on disk with
+    TRITON_CACHE_AUTOTUNING=1); later calls of the key take the choice."""
     candidates = plan_candidates(how.plan)
     if len(candidates) == 1:
         return how
@@ -290,14 +291,13 @@ def tuned_launch(x, n_rows, n_cols, x_row_stride, weight, bias, how: FwdLaunch) 
     plan = _TUNED.get(key)
     if plan is None:
         y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-        timings = {}
-        for cand in candidates:
+
+        def time_ms(cand):
             cand_how = fwd_launch(x.dtype, x.device, n_rows, n_cols, x_row_stride, n_cols,
                                   weight is not None, bias is not None, plan=cand)
-            timings[cand] = _bench(lambda: run_forward(x, y, n_rows, n_cols, x_row_stride,
-                                                       n_cols, weight, bias, 1e-5, cand_how,
-                                                       stats=False))
-        plan = _TUNED[key] = min(timings, key=timings.get)
+            return _bench(lambda: run_forward(x, y, n_rows, n_cols, x_row_stride, n_cols, weight,
+                                              bias, 1e-5, cand_how, stats=False))
+        plan = fastest(_TUNED, key, candidates, time_ms, (_ln_fwd_kernel,), x.device)
     return fwd_launch(x.dtype, x.device, n_rows, n_cols, x_row_stride, n_cols,
                       weight is not None, bias is not None, plan=plan)
 

@@ -71,3 +71,47 @@ def test_layer_norm_backward_twice_with_a_reused_scratch(device):
             dy.double())
         for g, r in zip(got, ref):
             assert torch.allclose(g.double(), r, rtol=1e-4, atol=1e-4)
+
+
+def test_fastest_keeps_the_choice_on_disk_like_tritons_autotuner(tmp_path, monkeypatch):
+    """With TRITON_CACHE_AUTOTUNING=1 a choice timed by one process is taken by the next without
+    timing; other candidates or another key time again; an unreadable file is timed again; a
+    candidate that does not compile is skipped; without the knob nothing is written."""
+    import triton
+    from triton import knobs
+
+    from triton_fusion_report.kernels import flash_attention
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(knobs.autotuning, "cache", True)
+    kernels, cpu = (flash_attention._attn_fwd,), torch.device("cpu")
+    ms = {(64, 32): 2.0, (128, 64): 1.0, (32, 32): 3.0}
+    timed = []
+
+    def time_ms(c):
+        timed.append(c)
+        if c == (32, 32):
+            raise triton.runtime.errors.OutOfResources(1, 0, "shared memory")
+        return ms[c]
+
+    cands = list(ms)
+    assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert len(timed) == 3
+    memo = {}
+    assert C.fastest(memo, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert len(timed) == 3 and memo == {("k", cpu): (128, 64)}  # from disk
+    assert C.fastest({}, ("k", cpu), cands[:1], time_ms, kernels, cpu) == (64, 32)
+    assert C.fastest({}, ("other", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert len(timed) == 3 + 1 + 3
+    files = list(tmp_path.rglob("tuning.json"))
+    assert len(files) == 3
+    for f in files:
+        f.write_text("{not json")
+    assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert len(timed) == 3 + 1 + 3 + 3
+    monkeypatch.setattr(knobs.autotuning, "cache", False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "off"))
+    assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert not (tmp_path / "off").exists()
+    with pytest.raises(RuntimeError, match="no candidate compiles"):
+        C.fastest({}, ("k", cpu), [(32, 32)], time_ms, kernels, cpu)

@@ -252,6 +252,10 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
         # Eager autograd: the autograd.Function costs the host about 40% less than the custom
         # op's autograd (same kernels; under create_graph its backward is this module's op).
         return _ln.triton_fused(x, weight, bias, eps)
+    # float() would take True, "1e-5" or a tensor: refuse them as the eager path does (this path
+    # also takes nn.Parameter weights); a float's value is checked by the op.
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        _ln._check_eps(eps)
     return _layer_norm_op(x, weight, bias, float(eps))[0]
 
 

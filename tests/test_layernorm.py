@@ -298,6 +298,15 @@ def test_bad_options_raise(kw, exc, words, device):
             ln.triton_unfused(x, None, None, **kw)
 
 
+@pytest.mark.parametrize("eps, exc", [(True, TypeError), ("1e-5", TypeError), (-1.0, ValueError)])
+def test_bad_eps_raises_with_parameters(eps, exc, device):
+    """nn.LayerNorm's weight and bias (Parameters that require grad) take the registered op's
+    path: eps is checked there too, not turned into a float (True would run as eps = 1)."""
+    m = torch.nn.LayerNorm(4).to(device)
+    with pytest.raises(exc, match="eps must be"):
+        kernels.layer_norm(torch.ones(3, 4, device=device), m.weight, m.bias, eps)
+
+
 def test_programs_per_sm():
     """The persistent forward's grid: blocks an H100 SM holds at once (65536 registers in units of
     256 a warp, 2048 threads, 32 blocks, 228 KiB of shared memory)."""

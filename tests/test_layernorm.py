@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _common, layernorm as ln
+from triton_fusion_report.kernels import _common, layernorm as ln, ops
 from triton_fusion_report.kernels import layernorm_backward as lnb, layernorm_forward as lnf
 
 from conftest import TOL, rel_err
@@ -248,6 +248,13 @@ def test_empty(shape, device):
     y, dx, dw, db = grads(ln.triton_fused, x, w, b, torch.ones(shape, device=device))
     assert y.shape == shape and dx.shape == shape
     assert torch.equal(dw.cpu(), torch.zeros(shape[-1])) and torch.equal(db.cpu(), dw.cpu())
+
+
+def test_zero_length_rows_through_the_registered_op(device):
+    """The op's statistics have one (mean, rstd) column per row, as its fake implementation
+    says, rows of zero length included (opcheck compares the two)."""
+    x, w, b = (t.requires_grad_() for t in make((3, 0), torch.float32, device))
+    torch.library.opcheck(ops.OPS["layer_norm"], (x, w, b, 1e-5))
 
 
 @pytest.mark.parametrize(

@@ -329,14 +329,14 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     check_warps(num_warps)
     n_splits, chunk = 1, n_cols
     if path == SPLIT:
-        tiles = cdiv(n_cols, block)
+        tiles = max(1, cdiv(n_cols, block))  # an empty row: one tile (no division by 0 below)
         if splits is None:
             splits = cdiv(SPLIT_PROGRAMS_PER_SM * sm_count_of(device), max(n_rows, 1))
         if not isinstance(splits, int) or splits < 1:
             raise ValueError(f"splits must be a positive int, got {splits}")
         # Whole tiles per chunk; then drop splits that would get no columns.
         chunk = cdiv(tiles, min(splits, tiles)) * block
-        n_splits = cdiv(n_cols, chunk)
+        n_splits = max(1, cdiv(n_cols, chunk))
     elif path == COOP:
         n_splits = coop_splits(n_cols, itemsize, device, block) if splits is None else splits
         if not isinstance(n_splits, int) or n_splits < 1 or n_splits & (n_splits - 1):

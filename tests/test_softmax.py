@@ -134,6 +134,11 @@ def test_empty(impl, shape, device):
     assert out.shape == x.shape and out.dtype == x.dtype
 
 
+def test_split_path_on_empty_rows(device):
+    """Rows of zero length forced onto the split path: no tiles to share out, no division by 0."""
+    assert sm.triton_fused(torch.empty(5, 0, device=device), path="split").shape == (5, 0)
+
+
 def test_plan(device):
     assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 4, 1, 1024)
     assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS

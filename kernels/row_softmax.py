@@ -354,6 +354,11 @@ def _rows_plan(x, block, num_warps, path, splits):
     rows, n_rows, n_cols = as_rows("x", x)
     p = plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
              num_warps=num_warps, path=path, splits=splits)
+    if p.path == COOP and p.splits > 1 and interpreting():
+        # A row's programs wait for each other; the interpreter runs one program at a time, so
+        # the first would spin forever.
+        raise ValueError(f"path='coop' with splits={p.splits} needs a GPU: under the interpreter "
+                         "a row cannot be shared (use splits=1)")
     if rows is None:
         return n_rows, n_cols, None, p
     # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims).

@@ -218,6 +218,15 @@ def test_coop_splits():
     assert sm.coop_splits(1 << 24, 4) == sm.MAX_COOP_SPLITS
 
 
+@pytest.mark.skipif(not interpreting(), reason="the interpreter runs one program at a time")
+def test_coop_shared_rows_refused_under_the_interpreter(device):
+    """A row shared by programs that wait for each other would hang there: refused (checked on
+    the plan, so that a regression fails instead of hanging)."""
+    x = torch.randn(2, 100, device=device)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        sm._rows_plan(x, 16, None, "coop", 2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="row sharing needs co-resident programs")
 @pytest.mark.parametrize("splits", [2, 4, 8])  # looped chunks (2), in registers (4, 8)
 def test_coop_shared_rows(splits, device):

@@ -7,10 +7,11 @@ implementation (the same input checks, then an empty result of the right shape: 
 at trace time with the messages of eager) and an autograd formula. softmax, LayerNorm and
 attention have backward kernels; the others' backward is written in PyTorch ops (correct, not
 fused).
-Backward ops have no second derivative: differentiating through one raises.
+Backward ops have no second derivative: differentiating through one raises. Forward-mode AD
+(dual tensors) raises too.
 
 The public functions (`kernels.softmax` ...) call the Triton implementation directly when nothing
-needs the dispatcher (eager, no input requiring grad, plain tensors): a custom op's Python
+needs the dispatcher (eager, no input requiring grad, plain tensors or nn.Parameters): a custom op's Python
 dispatch costs tens of microseconds a call, more than a small kernel's launch. Under
 torch.compile, export, fake tensors or autograd they call the registered op (LayerNorm's eager
 autograd excepted: its autograd.Function, the same kernels, costs less).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from . import elementwise as _ew
 from . import flash_attention as _fa
@@ -37,16 +39,33 @@ from .matmul_core import _check_operands
 NS = "triton_fusion"
 
 
+# Tensors the implementations may take without the dispatcher: nn.Parameter (a model's weights)
+# is a plain tensor to every op (it overrides no torch function).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _direct(*tensors) -> bool:
     """True where the op's implementation may be called without the dispatcher."""
     if torch.compiler.is_compiling():
         return False
+    if _fwad._current_level >= 0:
+        _refuse_tangents(tensors)
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if isinstance(t, torch.Tensor) and (type(t) is not torch.Tensor
-                                            or (grad and t.requires_grad)):
+        if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False
     return True
+
+
+def _refuse_tangents(tensors) -> None:
+    """Forward-mode AD has no formula here: an input with a tangent raises rather than return a
+    result whose tangent is silently dropped."""
+    if any(isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None
+           for t in tensors):
+        raise NotImplementedError(
+            "forward-mode AD (torch.autograd.forward_ad) is not implemented for the Triton ops: "
+            "the tangent would be dropped; use the PyTorch reference (each family module's "
+            "`reference`) for jvp")
 
 
 def _no_double_backward(name):
@@ -248,7 +267,7 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
     if _direct(x, weight, bias):
         return _ln._fused_forward(x, weight, bias, eps, None, None, None, stats=False)[0]
     if not torch.compiler.is_compiling() and all(
-            t is None or type(t) is torch.Tensor for t in (x, weight, bias)):
+            t is None or type(t) in _PLAIN for t in (x, weight, bias)):
         # Eager autograd: the autograd.Function costs the host about 40% less than the custom
         # op's autograd (same kernels; under create_graph its backward is this module's op).
         return _ln.triton_fused(x, weight, bias, eps)

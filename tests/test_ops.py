@@ -231,3 +231,40 @@ def test_inductor_and_cuda_graph(name):
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(captured, fn(*fresh)) <= 1e-6
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[1] is not None])
+def test_forward_mode_ad_is_refused(name):
+    """A tangent on any tensor input raises (it would be dropped: no jvp formula); inputs
+    without one still run inside a dual level."""
+    import torch.autograd.forward_ad as fwAD
+
+    _, public, _, args = CASES[name]
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    with fwAD.dual_level():
+        for i in tensors:
+            dual = list(args)
+            dual[i] = fwAD.make_dual(args[i], torch.randn_like(args[i]))
+            with pytest.raises(NotImplementedError, match="forward-mode AD"):
+                public(*dual)
+        assert public(*args).shape
+
+
+def test_parameters_take_the_direct_path(monkeypatch):
+    """nn.Parameter weights (a model's) are plain tensors: without grad the implementation is
+    called directly, with grad LayerNorm's autograd.Function runs; never the dispatcher."""
+    x, w, b = _r(3, 40), torch.nn.Parameter(_r(40)), torch.nn.Parameter(_r(40))
+
+    def dispatched(*args):
+        raise AssertionError("went through the registered op")
+    for op in ("_layer_norm_op", "_linear_act_op", "_matmul_softmax_op"):
+        monkeypatch.setattr(ops, op, dispatched)
+    want = F.layer_norm(x.double(), (40,), w.double(), b.double())
+    with torch.no_grad():
+        assert rel_err(kernels.layer_norm(x, w, b), want) <= 2 * TOL[torch.float32]
+        xm, wm, bm = _r(12, 16), torch.nn.Parameter(_r(16, 24)), torch.nn.Parameter(_r(24))
+        kernels.linear_act(xm, wm, bm)
+        kernels.matmul_softmax(xm, wm, bm)
+    y = kernels.layer_norm(x, w, b)
+    y.backward(torch.ones_like(y))
+    assert w.grad is not None and b.grad is not None

@@ -96,6 +96,12 @@ def cases(dev):
         triton_unfused=lambda: ln.triton_unfused(s, w, b),
         triton_fused=lambda: ln.triton_fused(s, w, b), public=lambda: kernels.layer_norm(s, w, b),
         registered_op=lambda: ops.OPS["layer_norm"](s, w, b, 1e-5))
+    wp, bp = torch.nn.Parameter(w.clone()), torch.nn.Parameter(b.clone())
+
+    def with_parameters():  # a model's LayerNorm at inference: nn.Parameter weights, no grad
+        with torch.no_grad():
+            return kernels.layer_norm(s, wp, bp)
+    yield "layer_norm", "8x1024 (nn.Parameter weights, no_grad)", dict(public=with_parameters)
     sg, wg, bg = (t.clone().requires_grad_() for t in (s, w, b))
     dy = r(8, 1024)
 

@@ -367,10 +367,21 @@ def launch_table(lc: pd.DataFrame) -> pd.DataFrame:
         fused = ops[ops["impl"] == "triton_fused"].set_index(["op", "shape"])["first_ms"]
         out["first call ms"] = fused.reindex(out.index).fillna(public["first_ms"])
     out = out.reset_index()
-    # The sizes are in the caption (the table is wide); a second size of one op is marked.
-    out["op"] = [LAUNCH_OPS.get(op, op) + (" (new length)" if "new length" in shape else "")
+    # The sizes are in the caption (the table is wide); a second case of one op is marked.
+    out["op"] = [LAUNCH_OPS.get(op, op) + _launch_variant(shape)
                  for op, shape in zip(out["op"], out["shape"])]
     return out.drop(columns="shape")
+
+
+# A second case of an op (its shape says "(...)"): the table's mark for it.
+LAUNCH_VARIANTS = {"new length": " (new length)", "nn.Parameter": " (nn.Parameter weights)"}
+
+
+def _launch_variant(shape: str) -> str:
+    if "(" not in shape:
+        return ""
+    return next((mark for key, mark in LAUNCH_VARIANTS.items() if key in shape),
+                " (" + shape[shape.index("(") + 1:].rstrip(")") + ")")
 
 
 def _launch_spread(ok: pd.DataFrame) -> dict:
@@ -388,7 +399,8 @@ def launch_findings(lc: pd.DataFrame) -> dict:
     cost over the 10-argument floor, and which ops are within LAUNCH_SLACK of it."""
     ok = _launch_ok(lc)
     raw = ok[ok["op"] == "raw launch"].set_index("shape")["host_us"]
-    ops = ok[(ok["op"] != "raw launch") & ~ok["shape"].str.contains("new length")]
+    # One case per op: the second cases (new length, nn.Parameter weights) are the table's.
+    ops = ok[(ok["op"] != "raw launch") & ~ok["shape"].str.contains("(", regex=False)]
     host = ops.pivot_table(index="op", columns="impl", values="host_us", sort=False)
     floor = raw.get("10 args", float("nan"))
     # One call, one launch (or a few): the forward ops; fwd+bwd rows are a training step's part.

@@ -662,3 +662,31 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
                         lambda d: dict(other(d), git_commit="0" * 40))
     with pytest.raises(SystemExit, match="git_commit"):
         cli.main(argv + ["--resume"])
+
+
+def test_launch_table_marks_second_cases_and_findings_skip_them():
+    """A second case of an op (nn.Parameter weights, a new length) is its own line in the table
+    and never averaged into the op's figure in the findings."""
+    from triton_fusion_report.analysis import synthesis
+
+    def row(op, shape, impl, us):
+        return dict(op=op, shape=shape, impl=impl, host_us=us, gpu_us=2.0, first_ms=1.0, error="",
+                    git_commit="0" * 40, gpu="H100", started_at="2026-11-25T00:00:00",
+                    torch="2.11.0", triton="3.6.0")
+    lc = pd.DataFrame([row("raw launch", "1 arg", "triton_noop", 10.0),
+                       row("raw launch", "10 args", "triton_noop", 20.0),
+                       row("layer_norm", "8x1024", "torch_eager", 15.0),
+                       row("layer_norm", "8x1024", "public", 30.0),
+                       row("layer_norm", "8x1024", "registered_op", 55.0),
+                       row("layer_norm", "8x1024 (nn.Parameter weights, no_grad)", "public", 90.0),
+                       row("attention", "1x2x128x64", "torch_eager", 40.0),
+                       row("attention", "1x2x128x64", "public", 24.0),
+                       row("attention", "1x2x128x64", "registered_op", 50.0),
+                       row("attention", "1x2x120x64 (new length, same bucket)", "public", 25.0)])
+    table = synthesis.launch_table(lc)
+    assert table["op"].tolist() == ["LayerNorm", "LayerNorm (nn.Parameter weights)", "attention",
+                                    "attention (new length)"]
+    assert table["kernels.*"].tolist() == [30.0, 90.0, 24.0, 25.0]
+    f = synthesis.launch_findings(lc)
+    assert f["over_target"] == {"layer_norm": 30.0} and f["under_target"] == ["attention"]
+    assert f["dispatcher_us"] == 25.5

@@ -394,6 +394,11 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     lse = empty((batch * heads, seq), torch.float32, q.device) if return_lse else None
     if plan.route == "empty":
         return (out, lse) if return_lse else out
+    if plan.route == "no_keys":
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))  # the log of an empty sum
+        return (out, lse) if return_lse else out
     sizes = (seq, k.shape[2], heads, heads // k.shape[1])
     if plan.host and plan.strided:
         # Block shapes are filled in just before each launch (_descriptor_pre_hook).
@@ -476,7 +481,7 @@ STEADY_MAX_ENTRIES = 1024
 class _Plan(NamedTuple):
     """What triton_fused does for one layout of q, k, v with its options. route: "decode"
     (flash_decoding), "pad" (head_dim padded to a multiple of 8 for TMA, then "main"), "empty"
-    (no output element) or "main"; host: through host tensor descriptors (TMA), else plain
+    (no output element), "no_keys" (seq_k = 0: zeros) or "main"; host: through host tensor descriptors (TMA), else plain
     loads; strided: 4-D descriptors; consts: the kernel's constexprs but the blocks; cfg:
     (block_m, block_n, num_warps, num_stages), or None to take the tuned config under
     tune_key."""
@@ -495,6 +500,10 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
     """triton_fused's plan for inputs that passed _check_inputs (see _Plan); raises on bad
     launch options."""
     block_m, block_n, num_warps, num_stages = options
+    if k.shape[2] == 0 and q.numel():
+        # No key at all: softmax over nothing, zeros as torch's sdpa and `reference` give (the
+        # kernels would divide 0 by 0, the decoding split count by a chunk of 0 keys).
+        return _Plan("no_keys")
     if flash_decoding.applies(q, k) and all(p is None for p in options):
         return _Plan("decode")
     batch, heads, seq, head_dim = q.shape

@@ -383,6 +383,21 @@ def test_empty(device):
     assert at.triton_fused(q, k, v).shape == (0, 2, 8, 16)
 
 
+@pytest.mark.parametrize("seq_q", [1, 20])  # the decoding route, the main kernel
+def test_no_keys(seq_q, device):
+    """seq_k = 0 (an empty KV cache): zeros and zero gradients, as torch's sdpa gives (raised
+    ZeroDivisionError or a TMA assertion, or returned NaN without TMA)."""
+    q = torch.randn(1, 2, seq_q, 16, device=device, dtype=torch.float16, requires_grad=True)
+    k, v = (torch.randn(1, 2, 0, 16, device=device, dtype=torch.float16, requires_grad=True)
+            for _ in range(2))
+    assert torch.equal(at.triton_fused(q.detach(), k.detach(), v.detach()),
+                       torch.zeros_like(q))
+    out = kernels.attention(q, k, v)
+    assert torch.equal(out, torch.zeros_like(q))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(q.grad, torch.zeros_like(q)) and k.grad.shape == k.shape
+
+
 def test_reference_is_naive_torch(device):
     q, k, v = qkv((1, 2, 9, 16), torch.float32, device)
     expected = torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1) @ v

@@ -160,8 +160,10 @@ def _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B
         # The partials describe the rounded logits that pass 2 reads, so each row sums to 1.
         acc = logits.to(tl.float32)
     s = tl.where(col_ok[None, :], acc, NEG_INF)
-    m = tl.max(s, 1)  # finite: every tile holds at least one real class
-    l = tl.sum(tl.exp(s - m[:, None]), 1)
+    m = tl.max(s, 1)
+    # -inf where every class of the tile is -inf (a -inf bias masking them, or float16 logits
+    # rounded to -inf): shift by 0 there, so l = 0 instead of NaN from -inf - -inf.
+    l = tl.sum(tl.exp(s - tl.where(m == NEG_INF, 0.0, m)[:, None]), 1)
     part = rows.to(tl.int64) * n_tiles + pid_c
     tl.store(m_part + part, m, mask=row_ok)
     tl.store(l_part + part, l, mask=row_ok)

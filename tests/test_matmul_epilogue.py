@@ -104,6 +104,22 @@ def test_matmul_softmax_many_class_tiles(method, device):
     check_probs(out, x, w, b, TOL["ieee"])
 
 
+@pytest.mark.parametrize("method", FUSED_METHODS)
+def test_matmul_softmax_masked_class_tile(method, device):
+    """Whole class tiles of -inf logits (a -inf bias masking classes; float16 logits that round
+    to -inf in two_pass_store's stored logits) give 0 there and finite rows, as torch does: the
+    multi-tile methods' per-tile partials were -inf - -inf = NaN."""
+    x, w, b = ms_inputs(5, 16, 40, torch.float16, device)
+    b[:20] = float("-inf")  # class tile 0 of 16 (and part of tile 1)
+    kw = dict(block_c=16) if method in ("online", "two_pass_store") else {}
+    out = sr.matmul_softmax_fused(x, w, b, method=method, **kw)
+    check_probs(out, x, w, b, tol(torch.float16))
+    w[:, 16:32] = -5000.0  # logits ~ -80000 * |x|: past float16's range
+    x = x.abs() + 1
+    out = sr.matmul_softmax_fused(x, w, None, method=method, **kw)
+    assert torch.isfinite(out).all() and not out[:, 16:32].any()
+
+
 def test_matmul_softmax_tiled_blocks(device):
     x, w, b = ms_inputs(50, 70, 129, torch.float16, device)
     out = sr.matmul_softmax_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,

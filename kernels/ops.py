@@ -354,7 +354,9 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
 
 @_attention_backward_op.register_fake
 def _(q, k, v, out, lse, dout, causal, sm_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Contiguous, as the kernels write them (empty_like would keep the strides of a dense view
+    # such as (batch, seq, heads, dim).transpose(1, 2), which Inductor then asserts on).
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _attention_setup(ctx, inputs, output):

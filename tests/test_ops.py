@@ -69,6 +69,16 @@ def test_opcheck_attention_backward():
     torch.library.opcheck(ops.OPS["attention_backward"], (q, k, v, out, lse, dout, True, 0.25))
 
 
+def test_opcheck_attention_backward_of_transposed_views():
+    """q, k, v as (batch, seq, heads, dim).transpose(1, 2), dense but not contiguous: the fake
+    gradients are contiguous like the real ones (were q's strides: Inductor's stride assertion
+    failed in a compiled backward)."""
+    q, k, v = (_r(1, 24, 2, 16, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    out, lse = ops.OPS["attention"](q, k, v, True, None)
+    dout = _r(1, 2, 24, 16, dtype=torch.float16)
+    torch.library.opcheck(ops.OPS["attention_backward"], (q, k, v, out, lse, dout, True, 0.25))
+
+
 @pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][1] is not None])
 def test_compiles_without_graph_breaks(name):
     """The public function inside a compiled function (fullgraph: a graph break raises), forward

@@ -481,10 +481,10 @@ STEADY_MAX_ENTRIES = 1024
 class _Plan(NamedTuple):
     """What triton_fused does for one layout of q, k, v with its options. route: "decode"
     (flash_decoding), "pad" (head_dim padded to a multiple of 8 for TMA, then "main"), "empty"
-    (no output element), "no_keys" (seq_k = 0: zeros) or "main"; host: through host tensor descriptors (TMA), else plain
-    loads; strided: 4-D descriptors; consts: the kernel's constexprs but the blocks; cfg:
-    (block_m, block_n, num_warps, num_stages), or None to take the tuned config under
-    tune_key."""
+    (no output element), "no_keys" (seq_k = 0: zeros) or "main"; host: through host tensor
+    descriptors (TMA), else plain loads; strided: 4-D descriptors; consts: the kernel's
+    constexprs but the blocks; cfg: (block_m, block_n, num_warps, num_stages), or None to take
+    the tuned config under tune_key."""
     route: str
     host: bool = False
     strided: bool = False

@@ -466,3 +466,28 @@ def test_cached_checks_still_refuse(device):
         at.triton_fused(q, k, v, False, True)
     with pytest.raises(TypeError, match="causal"):
         at.triton_fused(q, k, v, 0, 0.5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("no_tma", [False, True])
+def test_lazy_rescale_matches_float64(causal, no_tma, device, monkeypatch):
+    """RESCALE_SKIP = 8 (base 2): acc, l and m keep an old max until a row's max grows by more.
+    Scores that climb along the keys (a rescale at most tiles), grouped heads, odd lengths (a
+    partial key tile, a diagonal), and the log-sum-exp the backward reads."""
+    from triton_fusion_report.kernels import _common
+
+    monkeypatch.setattr(at, "RESCALE_SKIP", 8.0)
+    monkeypatch.setattr(_common, "NO_TMA", no_tma)
+    monkeypatch.setattr(at, "_PLANS", {})
+    monkeypatch.setattr(at, "_STEADY", {})
+    q, k, v = qkv((1, 4, 40, 16), torch.float16, device)
+    k, v = k[:, :2, :].contiguous(), v[:, :2, :].contiguous()
+    q[..., 0] = 1.0
+    k[0, 0, :, 0] = torch.linspace(0, 90, 40, device=device).to(k.dtype)  # climbs ~2.3 a key
+    out, lse = at.triton_fused(q, k, v, causal=causal, return_lse=True)
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+    scores = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / 4.0
+    if causal:
+        scores = scores.masked_fill(torch.ones(40, 40, device=device).triu(1).bool(), -math.inf)
+    want = torch.logsumexp(scores, -1).flatten(0, 1) / math.log(2)  # base 2
+    assert torch.allclose(lse.double(), want, rtol=1e-3, atol=1e-3)

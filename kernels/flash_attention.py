@@ -79,6 +79,17 @@ def _load_rows(src, b, h, row, offset_y, row_stride, n_rows, MODE: tl.constexpr,
 
 
 @triton.jit
+def _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK: tl.constexpr):
+    """Scaled scores with -inf for keys past seq and, MASK 1 (causal), past each query's
+    diagonal (query i sees keys j <= i + shift)."""
+    cols = start_n + offs_n
+    keep = (cols < seq)[None, :]
+    if MASK == 1:
+        keep = keep & (offs_m[:, None] + shift >= cols[None, :])
+    return tl.where(keep, qk * qk_scale, float("-inf"))
+
+
+@triton.jit
 def _attn_inner(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, v_stride, lo,
                 hi, offs_m, offs_n, qk_scale, seq, shift, BLOCK_N: tl.constexpr,
                 MASK: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
@@ -109,11 +120,7 @@ def _attn_inner(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, 
                 p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
                 alpha = tl.math.exp2(m_i - m_ij)
             else:
-                cols = start_n + offs_n
-                keep = (cols < seq)[None, :]
-                if MASK == 1:
-                    keep = keep & (offs_m[:, None] + shift >= cols[None, :])
-                qk = tl.where(keep, qk * qk_scale, float("-inf"))
+                qk = _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK)
                 m_ij = tl.maximum(m_i, tl.max(qk, 1))
                 # A row with every key so far masked subtracts 0, not -inf (which gives NaN).
                 m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
@@ -148,11 +155,7 @@ def _attn_inner_lazy(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_str
         if MASK == 0:
             qk = qk * qk_scale
         else:
-            cols = start_n + offs_n
-            keep = (cols < seq)[None, :]
-            if MASK == 1:
-                keep = keep & (offs_m[:, None] + shift >= cols[None, :])
-            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            qk = _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK)
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         # A row whose first unmasked key comes now grows by +inf: always rescaled (alpha = 0).
         if tl.max(tl.where(m_ij > m_i, m_ij - m_i, 0.0), 0) > RESCALE_SKIP:

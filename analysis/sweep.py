@@ -345,7 +345,14 @@ def _run_problem(problem: Problem, device, limits: dict, trials: int):
         if trial:  # fresh inputs: no trial times a cache that the one before warmed
             del inputs
             _release(device)
-            inputs = problem.make_inputs(device)
+            try:
+                inputs = problem.make_inputs(device)
+            except Exception as exc:  # noqa: BLE001 - e.g. OOM: rows for the variants left,
+                _release(device)      # and the sweep goes on (as when the first inputs fail)
+                for i, st in state.items():
+                    yield dict(_failure_row(_base(problem, problem.variants[i]), exc),
+                               wall_s=st["wall_s"])
+                return
         order = list(state)
         order = order[trial % len(order):] + order[:trial % len(order)] if order else order
         for i in order:

@@ -171,6 +171,32 @@ def test_failures_become_rows(tmp_path, device):
     assert "x is refused" in rows.loc["triton_fused", "error"]
 
 
+def test_fresh_inputs_that_fail_become_rows(tmp_path, device):
+    """A later trial's fresh inputs that cannot be made (an OOM, say) are failure rows of the
+    problem's variants; the sweep goes on with the next problem instead of dying."""
+    made = []
+
+    def make(d):
+        made.append(1)
+        if len(made) == 2:  # the second trial's inputs
+            raise RuntimeError("CUDA out of memory")
+        return (torch.randn(8, device=d),)
+
+    def problem(n, make_inputs):
+        return Problem(
+            family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
+            shape=dict(n=n, z_kind="scalar"), make_inputs=make_inputs, reference=lambda x: x * 2,
+            bytes_model=64, flops_model=8, tolerance=1e-6, graph=False,
+            variants=[Variant("torch_eager", lambda x: x * 2)])
+    meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
+                triton="y", cuda="z")
+    run([problem(8, make), problem(16, lambda d: (torch.randn(16, device=d),))], tmp_path,
+        device, meta, [], progress=False, trials=3)
+    rows = pd.read_parquet(tmp_path / "elementwise.parquet").set_index("n")
+    assert rows.loc[8, "status"] == "oom" and "out of memory" in rows.loc[8, "error"]
+    assert rows.loc[16, "status"] == "ok"
+
+
 def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
     """`python -m triton_fusion_report.analysis --grid smoke` end to end on this machine (interpreter on a CPU)."""
     out = tmp_path / "run"

@@ -114,7 +114,12 @@ def parse(argv=None):
 def select_problems(args) -> list[sweep.Problem]:
     """The grid's problems, in a fixed order (every worker builds the same list)."""
     problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
-    return select_shapes(select_ops(problems, args.op), args.where)
+    chosen = select_shapes(select_ops(problems, args.op), args.where)
+    if args.where and not chosen:  # a typo'd column or value would measure nothing, silently
+        columns = sorted({c for p in problems for c in p.shape})
+        raise ValueError(f"--where {' '.join(args.where)}: no problem of the families and ops "
+                         f"chosen has that shape; their shape columns are {', '.join(columns)}")
+    return chosen
 
 
 def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dict[str, Path]:

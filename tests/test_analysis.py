@@ -648,6 +648,18 @@ def test_where_selects_shapes():
     assert select_shapes(problems, ["seq=4096"]) == []
 
 
+def test_where_that_matches_nothing_is_refused_before_measuring(tmp_path, capsys):
+    """A --where column or value that no problem has is an error naming the columns there are,
+    not a run that measures nothing and says it finished."""
+    for where in ("sequ=4096", "rows=123456789"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["--out", str(tmp_path / "run"), "--grid", "smoke", "--family", "softmax",
+                      "--where", where, "--no-progress"])
+        assert exit_.value.code == 2
+        assert f"--where {where}: no problem" in capsys.readouterr().err
+        assert not (tmp_path / "run").exists()
+
+
 def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
     """A run stopped half way (here after the first problem and one row of the second) is
     continued by --resume: the same run id and limits, the finished problem not measured again,

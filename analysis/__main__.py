@@ -96,6 +96,15 @@ def parse(argv=None):
         problems = select_problems(args)
     except ValueError as exc:
         ap.error(str(exc))
+    if not args.resume:
+        # A new run starts its families' files afresh (and a multi-worker one clears .parts):
+        # into a folder that has them it would drop earlier runs' rows, their records kept.
+        held = sorted({p.family for p in problems if (args.out / f"{p.family}.parquet").exists()})
+        if held:
+            ap.error(f"{args.out} already holds {', '.join(held)} rows: give a new --out (append_run "
+                     f"adds its rows here after), or --resume to continue a stopped run")
+        if (args.out / ".parts").exists():
+            ap.error(f"{args.out} holds a stopped multi-worker bench (.parts): --resume continues it")
     if torch.device(args.device).type == "cpu":
         from ..kernels._common import interpreting
 

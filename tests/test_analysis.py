@@ -660,6 +660,29 @@ def test_where_that_matches_nothing_is_refused_before_measuring(tmp_path, capsys
         assert not (tmp_path / "run").exists()
 
 
+def test_a_new_run_into_a_folder_with_its_family_is_refused(tmp_path, tiny_softmax_grid,
+                                                           capsys):
+    """A run (not --resume) into a folder that holds rows of its family, or a stopped bench's
+    parts, is refused before measuring: it would start the family's file afresh and drop the
+    earlier run's rows (whose record would still say it finished)."""
+    out = tmp_path / "run"
+    base = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--where", "width=33",
+            "--no-progress"]
+    assert cli.main(base + ["--op", "softmax_bwd"]) == 0
+    before = (out / "softmax.parquet").read_bytes()
+    for workers in ("1", "2"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(base + ["--op", "softmax", "--workers", workers])
+        assert exit_.value.code == 2 and "already holds softmax rows" in capsys.readouterr().err
+    assert (out / "softmax.parquet").read_bytes() == before
+    (out / "softmax.parquet").rename(tmp_path / "kept.parquet")
+    (out / ".parts" / "worker0").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--op", "softmax", "--workers", "2"])
+    assert "--resume continues it" in capsys.readouterr().err
+    assert (out / ".parts" / "worker0").exists()
+
+
 def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
     """A run stopped half way (here after the first problem and one row of the second) is
     continued by --resume: the same run id and limits, the finished problem not measured again,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fcntl
 import os
 import random
 import sys
@@ -233,14 +234,33 @@ def resumed(out: Path, runs, device: torch.device, families: str) -> tuple[dict,
     return meta, limit_rows
 
 
+def lock(out: Path) -> int:
+    """Hold out/.lock for this process's life (the kernel lets go when it ends, killed or not):
+    a second run or --resume into a folder being written would rewrite its files from its own
+    rows and drop the other's (e.g. a resume of a run thought lost that is still going)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / ".lock", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"{out} is being written by another process (a run or --resume still "
+                         f"going): wait for it to end, or stop it first") from None
+    return fd
+
+
 def main(argv=None) -> int:
     args, problems = parse(argv)
-    if args.workers > 1:
-        from . import workers
+    held = lock(args.out)
+    try:
+        if args.workers > 1:
+            from . import workers
 
-        paths = workers.run(args, problems)
-    else:
-        paths = measure(args, problems, args.out, torch.device(args.device))
+            paths = workers.run(args, problems)
+        else:
+            paths = measure(args, problems, args.out, torch.device(args.device))
+    finally:
+        os.close(held)
     for family, path in paths.items():
         print(summary.table(schema.read(path)))
         print(f"-> {path}")

@@ -725,6 +725,33 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
         cli.main(argv + ["--resume"])
 
 
+def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_softmax_grid,
+                                                              monkeypatch):
+    """A --resume (or run) into a folder whose run is still going (a session thought lost) is
+    refused: both rewriting the files from their own rows lost one's rows (7 of 14 left, the
+    record saying 14)."""
+    from triton_fusion_report.analysis import sweep
+
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
+            "--no-progress"]
+    real, calls, refused = sweep._run_problem, [], []
+
+    def second_process_meanwhile(problem, *args):
+        calls.append(problem)
+        if len(calls) == 2:  # the first problem's rows are written: a resume is started
+            with pytest.raises(SystemExit, match="being written by another process") as exc:
+                cli.main(argv + ["--resume"])
+            refused.append(exc)
+        return real(problem, *args)
+
+    monkeypatch.setattr(sweep, "_run_problem", second_process_meanwhile)
+    assert cli.main(argv) == 0
+    assert refused
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * 7
+    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [14]
+
+
 def test_launch_table_marks_second_cases_and_findings_skip_them():
     """A second case of an op (nn.Parameter weights, a new length) is its own line in the table
     and never averaged into the op's figure in the findings."""

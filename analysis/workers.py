@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -112,7 +113,14 @@ def adopt_stopped(out: Path, families: str, now: dict) -> list[str]:
 
     running = [(folder, r) for folder in (out, *leftovers) for r in records(folder)
                if r.get("status") == "running"]
+    known = {r["run_id"] for r in records(out)}
+    fresh = [p for p in leftovers if not {r["run_id"] for r in records(p)} <= known]
     if not running:
+        if fresh:  # every worker finished but the bench was stopped in its merge: finish it
+            merge(fresh, out, keep_existing=True)
+            shutil.rmtree(out / ".parts", ignore_errors=True)
+            raise SystemExit(f"--resume: the finished workers' parts in {out / '.parts'} are "
+                             f"merged (the bench was stopped in its merge); nothing to measure")
         raise SystemExit(f"--resume: no unfinished run in {out} (runs.parquet has none running)")
     for folder, record in running:
         if record.get("families") != families:
@@ -124,8 +132,6 @@ def adopt_stopped(out: Path, families: str, now: dict) -> list[str]:
                 raise SystemExit(f"--resume: run {record['run_id']} has {key}={meta.get(key)!r}, "
                                  f"this process {now[key]!r}: a bench is one commit on one GPU "
                                  f"model")
-    known = {r["run_id"] for r in records(out)}
-    fresh = [p for p in leftovers if not {r["run_id"] for r in records(p)} <= known]
     if fresh:
         merge(fresh, out, keep_existing=True)
     shutil.rmtree(out / ".parts", ignore_errors=True)
@@ -160,7 +166,11 @@ def merge(parts: list[Path], out: Path, keep_existing: bool = False) -> dict[str
         tables = [pq.read_table(p / f"{family}.parquet") for p in parts
                   if (p / f"{family}.parquet").exists()]
         if tables and keep_existing and (out / f"{family}.parquet").exists():
-            tables.insert(0, pq.read_table(out / f"{family}.parquet"))
+            # Without the parts' runs' rows: a merge that was interrupted may have written them.
+            ids = pa.array(sorted({i for t in tables for i in t.column("run_id").to_pylist()}),
+                           pa.string())
+            old = pq.read_table(out / f"{family}.parquet")
+            tables.insert(0, old.filter(pc.invert(pc.is_in(old["run_id"], value_set=ids))))
         if tables:
             path = out / f"{family}.parquet"
             append_run._write(pa.concat_tables(tables), path)

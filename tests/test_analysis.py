@@ -611,6 +611,46 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
         cli.main(["--out", str(out), *base, "--workers", "2", "--resume"])
 
 
+@pytest.mark.parametrize("worker_finished", [True, False])
+def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, monkeypatch,
+                                                   capsys, worker_finished):
+    """The bench stopped in its final merge (the family files written, not yet the limits and
+    run records): --resume merges the parts once (no row twice, so nothing measured again), and
+    where every worker had finished it completes the folder instead of refusing ("none
+    running") and leaving it without limits."""
+    from triton_fusion_report.analysis import append_run, sweep, workers
+
+    out = tmp_path / "run"
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    part = out / ".parts" / "worker0"
+    real = _dies_in_the_second_problem(monkeypatch) if not worker_finished else None
+    if worker_finished:
+        assert cli.main(["--out", str(part), *base]) == 0
+    else:
+        with pytest.raises(RuntimeError, match="killed"):
+            cli.main(["--out", str(part), *base])
+        monkeypatch.setattr(sweep, "_run_problem", real)
+
+    def stopped(*args, **kw):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(append_run, "merged_by_run", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            workers.merge([part], out)
+    assert (out / "softmax.parquet").exists() and not (out / "runs.parquet").exists()
+    capsys.readouterr()
+    if worker_finished:
+        with pytest.raises(SystemExit, match="merged .*nothing to measure"):
+            cli.main(["--out", str(out), *base, "--resume"])
+    else:
+        assert cli.main(["--out", str(out), *base, "--resume"]) == 0
+        assert "1 of 2 problems done" in capsys.readouterr().out
+    df = pd.read_parquet(out / "softmax.parquet")
+    assert len(df) == 2 * 7 and not df.duplicated(["impl", "dtype", "rows", "width"]).any()
+    assert len(pd.read_parquet(out / "limits.parquet")) == 1
+    assert not (out / ".parts").exists()
+
+
 def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid, monkeypatch):
     """A resume refused (another commit) changes nothing: the stopped parts stay unmerged."""
     from triton_fusion_report.analysis import machine, sweep

@@ -88,8 +88,10 @@ def run(args, problems) -> dict[str, Path]:
         kept = parts.with_name(".parts-merged")
         shutil.rmtree(kept, ignore_errors=True)
         parts.rename(kept)
-        print(f"workers {failed} failed: their rows so far are merged (their parts are kept in "
-              f"{kept}); --resume measures what is missing", file=sys.stderr)
+        # Not exit 0: the bench is incomplete (a dead worker's problem left the queue with it),
+        # and `make bench`/`make report` must not go on as if it were done.
+        raise SystemExit(f"workers {failed} failed: their rows so far are merged (their parts "
+                         f"are kept in {kept}); --resume measures what is missing")
     else:
         shutil.rmtree(parts, ignore_errors=True)
     return paths

@@ -651,6 +651,49 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
     assert not (out / ".parts").exists()
 
 
+def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
+    """A worker that dies (its problem half done, taken off the queue: no one measures it) makes
+    the bench exit non-zero, so `make bench`/`make report` stop rather than render a folder with
+    configurations missing; what was measured is merged and --resume measures the rest. (The
+    workers run in this process here, one after the other, so the patched sweep reaches them.)"""
+    import copy
+    import multiprocessing
+    import queue as queues
+
+    from triton_fusion_report.analysis import sweep, workers
+
+    class InProcess:
+        def __init__(self, target, args, daemon):  # its own copy of the options, as a spawn's
+            k, options, *shared = args
+            self.target, self.args, self.exitcode = target, (k, copy.copy(options), *shared), None
+
+        def start(self):
+            try:
+                self.target(*self.args)
+                self.exitcode = 0
+            except Exception:  # noqa: BLE001 - as a process that died
+                self.exitcode = 1
+
+        def is_alive(self):
+            return False
+
+    class Context:
+        Process, Queue, Value = InProcess, queues.Queue, staticmethod(multiprocessing.Value)
+
+    monkeypatch.setattr(workers.mp, "get_context", lambda _: Context)
+    real = _dies_in_the_second_problem(monkeypatch)  # worker 0 dies in the second problem
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
+            "--no-progress", "--workers", "2"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code not in (0, None) and "workers [0] failed" in str(exit_.value.code)
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 7 + 1
+    monkeypatch.setattr(sweep, "_run_problem", real)
+    assert cli.main(argv + ["--resume"]) == 0
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * 7
+
+
 def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid, monkeypatch):
     """A resume refused (another commit) changes nothing: the stopped parts stay unmerged."""
     from triton_fusion_report.analysis import machine, sweep

@@ -128,7 +128,9 @@ def adopt_stopped(out: Path, families: str, now: dict) -> list[str]:
         if record.get("families") != families:
             raise SystemExit(f"--resume: run {record['run_id']} swept {record.get('families')}, "
                              f"this command {families}: give the same --family options")
-        meta = run_meta(folder, record["run_id"]) or {}
+        meta = run_meta(folder, record["run_id"])
+        if meta is None:  # stopped while measuring its limits: it wrote no row to adopt
+            continue
         for key in SAME_FOR_RESUME:
             if meta.get(key) != now[key]:
                 raise SystemExit(f"--resume: run {record['run_id']} has {key}={meta.get(key)!r}, "
@@ -142,19 +144,23 @@ def adopt_stopped(out: Path, families: str, now: dict) -> list[str]:
 
 def resume(args, problems) -> list[int]:
     """The indices of `problems` a resumed bench still has to measure (module docstring)."""
-    from .__main__ import FAMILIES, run_meta, same_bench
+    from .__main__ import FAMILIES, same_bench
 
     out = Path(args.out)
     families = ",".join(args.family or sorted(FAMILIES))
-    stopped = adopt_stopped(out, families, machine.run_metadata(torch.device(args.device)))
+    now = machine.run_metadata(torch.device(args.device))
+    stopped = adopt_stopped(out, families, now)
     runs = schema.ParquetSink(out / "runs.parquet", schema.runs_schema(), keep_existing=True)
     for record in runs.rows:
         if record["run_id"] in stopped:
             record["status"] = "stopped"
     runs.flush()
-    ids = same_bench(out, runs.rows, run_meta(out, stopped[-1]), families)
+    # The runs whose rows count: this process's kind (a stopped run may have no limits to say
+    # what it was: killed while measuring them).
+    ids = same_bench(out, runs.rows, now, families)
     todo = sweep.remaining(problems, out, ids)
-    print(f"resuming runs {', '.join(sorted(ids))}: {len(problems) - len(todo)} of "
+    done = len(problems) - len(todo)
+    print(f"resuming runs {', '.join(sorted(ids - {now['run_id']}))}: {done} of "
           f"{len(problems)} problems done", flush=True)
     return [i for i, p in enumerate(problems) if any(p is t for t in todo)]
 

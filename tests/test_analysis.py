@@ -861,3 +861,27 @@ def test_launch_table_marks_second_cases_and_findings_skip_them():
     f = synthesis.launch_findings(lc)
     assert f["over_target"] == {"layer_norm": 30.0} and f["under_target"] == ["attention"]
     assert f["dispatcher_us"] == 25.5
+
+
+def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monkeypatch, capsys):
+    """A worker killed while it measured the limits left a running record and nothing else:
+    --resume --workers 2 takes it as stopped (it has no rows to check or adopt) and measures
+    everything, once (it was refused with "git_commit=None")."""
+    from triton_fusion_report.analysis import machine
+
+    out = tmp_path / "run"
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
+    real = machine.measure_limits
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed while measuring the limits")
+    monkeypatch.setattr(machine, "measure_limits", killed)
+    part = out / ".parts" / "worker0"
+    with pytest.raises(RuntimeError, match="killed"):
+        cli.main(["--out", str(part), *base])
+    monkeypatch.setattr(machine, "measure_limits", real)
+    assert cli.main(["--out", str(out), *base, "--workers", "2", "--resume"]) == 0
+    df = pd.read_parquet(out / "softmax.parquet")
+    assert len(df) == sum(len(p.variants) for p in problems)
+    assert not df.duplicated(["impl", "dtype", "rows", "width", "variant"]).any()

@@ -20,6 +20,16 @@ def device():
 
 
 @pytest.fixture(autouse=True)
+def _no_tuning_on_disk(monkeypatch):
+    """Tuned launch settings stay in memory (the sweep's module sets TRITON_CACHE_AUTOTUNING=1 for
+    the process when imported): no test reads a choice another test timed, nor writes the user's
+    Triton cache. A test of the disk copy turns it on with its own cache folder."""
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.autotuning, "cache", False)
+
+
+@pytest.fixture(autouse=True)
 def _poison_outputs():
     """Every kernel output starts as NaN, so an element a kernel fails to write fails the test."""
     from triton_fusion_report.kernels import poisoned_outputs

@@ -372,10 +372,18 @@ def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "M
         # "@" would start a citation in Pandoc's markdown (softmax(X)@V); "|" a new column.
         return str(v).replace("@", "\\@").replace("|", "\\|")
     head = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else ":---"
-                          for c in df.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return Markdown("\n".join([head, rule, *body]))
+    body = [[cell(v) for v in row] for row in df.itertuples(index=False)]
+
+    def width(i, name):
+        # Pandoc sizes a wide table's columns by the dashes of this rule: each column by its
+        # longest entry (up to a cap, past which text wraps) and at least its heading's longest
+        # word (headings wrap at spaces), plus the cell's padding.
+        longest = max((len(r[i]) for r in body), default=3)
+        return 3 + max(3, len(max(str(name).split() or [""], key=len)), min(18, longest))
+    rule = "|" + "|".join(("-" * width(i, c) + ":") if pd.api.types.is_numeric_dtype(df[c])
+                          else (":" + "-" * width(i, c)) for i, c in enumerate(df.columns)) + "|"
+    rows = ["| " + " | ".join(r) + " |" for r in body]
+    return Markdown("\n".join([head, rule, *rows]))
 
 
 def pow2(n: int, plot: bool = False) -> str:

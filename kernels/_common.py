@@ -17,6 +17,7 @@ import math
 import os
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 import triton
 import triton.language as tl
 from triton import knobs
@@ -177,7 +178,13 @@ def as_rows(name: str, x, checked: bool = False) -> tuple[torch.Tensor | None, i
         check_tensor(name, x, min_ndim=1)
     n_cols = x.shape[-1]
     n_rows = math.prod(x.shape[:-1])
-    if x.numel() == 0:
+    empty = x.numel() == 0
+    if empty.__class__ is not bool:
+        # Symbolic sizes (a fake implementation under torch.compile): a data-dependent row count
+        # (x[mask], nonzero) cannot be guarded on; take it as non-empty, as the view below and
+        # the fake's output are right either way.
+        empty = guard_or_false(empty)
+    if empty:
         return None, n_rows, n_cols
     if n_cols > 1 and x.stride(-1) != 1:
         raise ValueError(f"{name}'s last dim is not contiguous (strides {tuple(x.stride())}); "

@@ -15,6 +15,8 @@ import math
 import numbers
 
 import torch
+from torch._prims_common import is_contiguous_or_false
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 import triton
 import triton.language as tl
 
@@ -88,13 +90,16 @@ def _z_layout(z_shape, z_contiguous, x_shape):
     if broadcast != x_shape:
         raise ValueError(f"z of shape {z_shape} does not broadcast to x's {x_shape}")
     n = math.prod(z_shape)
-    if n == 1:
+    # guard_or_false: plain ints compare as ever; under torch.compile a data-dependent size
+    # (rows selected by a mask) cannot be guarded on, and each choice taken for "not equal" is
+    # still right (a full z read with period n, or an expanded copy).
+    if guard_or_false(n == 1):
         return Z_ONE, 1, False
     suffix = list(z_shape)
-    while suffix and suffix[0] == 1:
+    while suffix and guard_or_false(suffix[0] == 1):
         suffix.pop(0)
     if z_contiguous and tuple(suffix) == x_shape[len(x_shape) - len(suffix):]:
-        return (Z_FULL if n == math.prod(x_shape) else Z_PERIODIC), n, False
+        return (Z_FULL if guard_or_false(n == math.prod(x_shape)) else Z_PERIODIC), n, False
     return Z_FULL, math.prod(x_shape), True
 
 
@@ -110,7 +115,11 @@ def _check_layout(x, y, z):
     if isinstance(z, torch.Tensor):
         check_tensor("z", z)
         check_same([("x", x), ("z", z)])
-        key = (tuple(z.shape), z.is_contiguous(), tuple(x.shape))
+        # A z read as not contiguous is expanded into a contiguous copy first: right whatever
+        # its layout, so under torch.compile a contiguity that hangs on a data-dependent size
+        # (z[m][:, :1]) is taken as False instead of guarded on (which raises).
+        contiguous = z.is_contiguous() if z.__class__ is torch.Tensor else is_contiguous_or_false(z)
+        key = (tuple(z.shape), contiguous, tuple(x.shape))
         try:
             return _z_layout(*key)
         except TypeError:  # symbolic sizes (tracing with dynamic shapes) do not hash

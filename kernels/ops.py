@@ -22,6 +22,7 @@ import math
 
 import torch
 import torch.autograd.forward_ad as _fwad
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from . import elementwise as _ew
 from . import flash_attention as _fa
@@ -127,7 +128,11 @@ def _add_mul_backward(ctx, dout):
     if ctx.needs_input_grad[2]:
         full = dout.float() * (x.float() + y.float())
         lead = full.dim() - z.dim()
-        dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(z.shape) if s == 1)
+        # guard_or_false: a data-dependent size of z (rows selected by a mask, under
+        # torch.compile) cannot be guarded on; it is taken as not broadcast, as PyTorch's own
+        # broadcasting takes it.
+        dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(z.shape)
+                                          if guard_or_false(s == 1))
         dz = (full.sum(dims, keepdim=True) if dims else full).reshape(z.shape).to(z.dtype)
     return g, g, dz
 

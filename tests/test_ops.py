@@ -107,6 +107,38 @@ def test_compile_errors_keep_their_messages():
         compiled(_r(2, 3, 5), _r(2, 4, 6))
 
 
+
+_MASKED = {  # (the public function on rows x[m], the float64 reference); z: a second input
+    "softmax": (lambda x, z, m: kernels.softmax(x[m]), lambda x, z, m: torch.softmax(x[m], -1)),
+    "layer_norm": (lambda x, z, m: kernels.layer_norm(x[m], z[0]),
+                   lambda x, z, m: F.layer_norm(x[m], (x.shape[-1],), z[0])),
+    "add_mul": (lambda x, z, m: kernels.add_mul(x[m], x[m], z[m][:, :1]),
+                lambda x, z, m: (x[m] + x[m]) * z[m][:, :1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MASKED))
+def test_compiles_with_data_dependent_rows(name):
+    """Rows selected by a mask (x[m]: a size known only at run time) inside a fullgraph compile,
+    forward and backward through AOTAutograd: the checks and the backward take such a size
+    without guarding on it (raised "Could not guard on data-dependent expression"), for any
+    count of rows, none and one included."""
+    fn, ref = _MASKED[name]
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for bits in ([1, 0, 1, 1, 0], [0] * 5, [0, 1, 0, 0, 0]):
+            m = torch.tensor(bits, dtype=torch.bool, device=DEVICE)
+            x, z = _r(5, 40, grad=True), _r(5, 40, grad=True)
+            xd, zd = (t.detach().double().requires_grad_() for t in (x, z))
+            out, want = compiled(x, z, m), ref(xd, zd, m)
+            assert out.shape == want.shape and rel_err(out, want) <= 4 * TOL[torch.float32]
+            g = torch.randn(out.shape, dtype=torch.float64, device=DEVICE)
+            out.backward(g.float())
+            want.backward(g)
+            assert rel_err(x.grad, xd.grad) <= 20 * TOL[torch.float32]
+            if zd.grad is not None:
+                assert rel_err(z.grad, zd.grad) <= 20 * TOL[torch.float32]
+
 def _grads(fn, args, dtype=None):
     leaves = [a.detach().to(dtype or a.dtype).requires_grad_() if isinstance(a, torch.Tensor)
               and a.is_floating_point() else a for a in args]

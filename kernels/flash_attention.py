@@ -394,7 +394,10 @@ def _check_layout(q, k, v, causal, sm_scale):
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if sm_scale is None:
-        return 1.0 / math.sqrt(head_dim)
+        # sym_sqrt: math.sqrt of a symbolic head_dim (the fake implementation under
+        # torch.compile) would specialise it (a recompile per head_dim; an error where it is
+        # marked dynamic); on an int it is math.sqrt.
+        return 1.0 / torch.sym_sqrt(head_dim)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) \
             or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")

@@ -352,8 +352,12 @@ def _(q, k, v, causal, sm_scale):
 
 @torch.library.custom_op(f"{NS}::attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                           lse: torch.Tensor, dout: torch.Tensor, causal: bool, sm_scale: float
+                           lse: torch.Tensor, dout: torch.Tensor, causal: bool,
+                           sm_scale: float | None
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sm_scale None: the forward's default, 1/sqrt(head_dim)."""
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
     return _fab.attention_backward(q, k, v, out, lse, dout, causal, sm_scale)
 
 
@@ -368,7 +372,9 @@ def _attention_setup(ctx, inputs, output):
     q, k, v, causal, sm_scale = inputs
     ctx.save_for_backward(q, k, v, *output)
     ctx.causal = causal
-    ctx.sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    # None stays None (the backward op computes the default): math.sqrt of a symbolic head_dim
+    # here, under AOTAutograd, would specialise it.
+    ctx.sm_scale = sm_scale
 
 
 def _attention_backward(ctx, dout, _dlse):

@@ -108,6 +108,33 @@ def test_compile_errors_keep_their_messages():
 
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_attention_head_dim_stays_dynamic(backend):
+    """head_dim marked dynamic compiles (was specialised: the default scale, 1/sqrt(head_dim),
+    took math.sqrt of the symbolic size, in the fake's checks and, under AOTAutograd, in the
+    backward's setup: ConstraintViolationError here, a recompile per head_dim otherwise), and one
+    graph serves two head dims, forward and backward, default scale."""
+    calls = []
+
+    def counting(gm, inputs):
+        calls.append(gm)
+        return gm if backend == "eager" else torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+    compiled = torch.compile(lambda q, k, v: kernels.attention(q, k, v, True), fullgraph=True,
+                             backend=counting)
+    for dim in (16, 32):
+        q, k, v = (_r(2, 3, 8, dim, dtype=torch.float16, grad=True) for _ in range(3))
+        for t in (q, k, v):
+            torch._dynamo.mark_dynamic(t, 3)
+        out = compiled(q, k, v)
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        want = _ref_attention(*ref, causal=True)
+        assert rel_err(out, want) <= 4 * TOL[torch.float16]
+        out.float().sum().backward()
+        want.sum().backward()
+        for t, r in zip((q, k, v), ref):
+            assert rel_err(t.grad, r.grad) <= 20 * TOL[torch.float16]
+    assert len(calls) == 1
+
 _MASKED = {  # (the public function on rows x[m], the float64 reference); z: a second input
     "softmax": (lambda x, z, m: kernels.softmax(x[m]), lambda x, z, m: torch.softmax(x[m], -1)),
     "layer_norm": (lambda x, z, m: kernels.layer_norm(x[m], z[0]),

@@ -79,6 +79,16 @@ def _load_rows(src, b, h, row, offset_y, row_stride, n_rows, MODE: tl.constexpr,
 
 
 @triton.jit
+def _scores(q, src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+            UPCAST: tl.constexpr):
+    """q k^T for the key tile at start_n (float32, unscaled)."""
+    k = _load_rows(src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N, BLOCK_D,
+                   HEAD_DIM)
+    return _dot(q, k.T, None, "tf32", UPCAST)
+
+
+@triton.jit
 def _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK: tl.constexpr):
     """Scaled scores with -inf for keys past seq and, MASK 1 (causal), past each query's
     diagonal (query i sees keys j <= i + shift)."""
@@ -108,9 +118,8 @@ def _attn_inner(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, 
     else:
         for start_n in tl.range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
-            k = _load_rows(src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
-                           BLOCK_D, HEAD_DIM)
-            qk = _dot(q, k.T, None, "tf32", UPCAST)
+            qk = _scores(q, src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
+                         BLOCK_D, HEAD_DIM, UPCAST)
             if MASK == 0:
                 # Scale folded into the max and one FMA; base-2 exponent throughout.
                 if SCALE_POS:
@@ -149,9 +158,8 @@ def _attn_inner_lazy(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_str
     log-sum-exp m_i + log2(l_i) is the same either way."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = _load_rows(src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
-                       BLOCK_D, HEAD_DIM)
-        qk = _dot(q, k.T, None, "tf32", UPCAST)
+        qk = _scores(q, src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
+                     BLOCK_D, HEAD_DIM, UPCAST)
         if MASK == 0:
             qk = qk * qk_scale
         else:

@@ -40,12 +40,19 @@ DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 
+def default_scale(head_dim) -> float:
+    """1 / sqrt(head_dim), the scale when none is given. torch.sym_sqrt: on an int it is
+    math.sqrt; on a symbolic head_dim (a fake implementation under torch.compile) math.sqrt would
+    specialise it (a recompile per head_dim, an error where it is marked dynamic)."""
+    return 1.0 / torch.sym_sqrt(head_dim)
+
+
 def reference(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
     """Naive PyTorch: materialised scores, in float32 (float64 if given), cast to q.dtype.
     k and v may have fewer heads than q (each serving heads / kv_heads query heads); causal is
     aligned to the bottom right (query i sees keys j <= i + seq_k - seq_q)."""
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+        sm_scale = default_scale(q.shape[-1])
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
@@ -402,10 +409,7 @@ def _check_layout(q, k, v, causal, sm_scale):
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if sm_scale is None:
-        # sym_sqrt: math.sqrt of a symbolic head_dim (the fake implementation under
-        # torch.compile) would specialise it (a recompile per head_dim; an error where it is
-        # marked dynamic); on an int it is math.sqrt.
-        return 1.0 / torch.sym_sqrt(head_dim)
+        return default_scale(head_dim)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) \
             or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")

@@ -11,8 +11,8 @@ Backward ops have no second derivative: differentiating through one raises. Forw
 (dual tensors) raises too.
 
 The public functions (`kernels.softmax` ...) call the Triton implementation directly when nothing
-needs the dispatcher (eager, no input requiring grad, plain tensors or nn.Parameters): a custom op's Python
-dispatch costs tens of microseconds a call, more than a small kernel's launch. Under
+needs the dispatcher (eager, no input requiring grad, plain tensors or nn.Parameters): a custom
+op's Python dispatch costs tens of microseconds a call, more than a small kernel's launch. Under
 torch.compile, export, fake tensors or autograd they call the registered op (LayerNorm's eager
 autograd excepted: its autograd.Function, the same kernels, costs less).
 """
@@ -357,7 +357,7 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """sm_scale None: the forward's default, 1/sqrt(head_dim)."""
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+        sm_scale = _fa.default_scale(q.shape[-1])
     return _fab.attention_backward(q, k, v, out, lse, dout, causal, sm_scale)
 
 

@@ -110,80 +110,39 @@ def _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK: tl.c
 def _attn_inner(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, v_stride, lo,
                 hi, offs_m, offs_n, qk_scale, seq, shift, BLOCK_N: tl.constexpr,
                 MASK: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
-                MODE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                RESCALE_SKIP: tl.constexpr):
+                MODE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Key/value tiles [lo, hi). MASK: 0 none; 1 causal (query i sees keys j <= i + shift) and
     keys past seq; 2 keys past seq.
     SCALE_POS: qk_scale >= 0 (else the row's largest scaled score is its smallest score times
-    the scale). RESCALE_SKIP > 0 (base-2 units): acc, l and m are rescaled only when some row's
-    max grows by more than it (see `_attn_inner_lazy`)."""
-    if RESCALE_SKIP > 0:
-        acc, l_i, m_i = _attn_inner_lazy(
-            acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, v_stride, lo, hi,
-            offs_m, offs_n, qk_scale, seq, shift, BLOCK_N, MASK, UPCAST, SCALE_POS, MODE,
-            BLOCK_D, HEAD_DIM, RESCALE_SKIP)
-    else:
-        for start_n in tl.range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            qk = _scores(q, src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
-                         BLOCK_D, HEAD_DIM, UPCAST)
-            if MASK == 0:
-                # Scale folded into the max and one FMA; base-2 exponent throughout.
-                if SCALE_POS:
-                    m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-                else:
-                    m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-                p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-                alpha = tl.math.exp2(m_i - m_ij)
-            else:
-                qk = _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK)
-                m_ij = tl.maximum(m_i, tl.max(qk, 1))
-                # A row with every key so far masked subtracts 0, not -inf (which gives NaN).
-                m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-                p = tl.math.exp2(qk - m_sub[:, None])
-                alpha = tl.math.exp2(m_i - m_sub)
-            l_ij = tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v = _load_rows(src_v, kv_b, kv_h, start_n, offset_y, v_stride, seq, MODE, BLOCK_N,
-                           BLOCK_D, HEAD_DIM)
-            # p rounded to v's dtype for the tensor-core product, accumulated in float32.
-            acc = _dot(p.to(v.dtype), v, acc, "tf32", UPCAST)
-            # Updated last, to shorten the live ranges inside the loop (as the tutorial does).
-            l_i = l_i * alpha + l_ij
-            m_i = m_ij
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _attn_inner_lazy(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, v_stride,
-                     lo, hi, offs_m, offs_n, qk_scale, seq, shift, BLOCK_N: tl.constexpr,
-                     MASK: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
-                     MODE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     RESCALE_SKIP: tl.constexpr):
-    """_attn_inner with FlashAttention-4's lazy rescale: m_i stays the exponent's reference until
-    some row's max exceeds it by more than RESCALE_SKIP (p <= 2^RESCALE_SKIP meanwhile); the
-    log-sum-exp m_i + log2(l_i) is the same either way."""
+    the scale)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         qk = _scores(q, src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
                      BLOCK_D, HEAD_DIM, UPCAST)
         if MASK == 0:
-            qk = qk * qk_scale
+            # Scale folded into the max and one FMA; base-2 exponent throughout.
+            if SCALE_POS:
+                m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            else:
+                m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+            alpha = tl.math.exp2(m_i - m_ij)
         else:
             qk = _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK)
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        # A row whose first unmasked key comes now grows by +inf: always rescaled (alpha = 0).
-        if tl.max(tl.where(m_ij > m_i, m_ij - m_i, 0.0), 0) > RESCALE_SKIP:
-            alpha = tl.math.exp2(m_i - tl.where(m_ij == float("-inf"), 0.0, m_ij))
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_ij
-        # A row with every key so far masked subtracts 0, not -inf (which would give NaN).
-        p = tl.math.exp2(qk - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            # A row with every key so far masked subtracts 0, not -inf (which gives NaN).
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+            p = tl.math.exp2(qk - m_sub[:, None])
+            alpha = tl.math.exp2(m_i - m_sub)
+        l_ij = tl.sum(p, 1)
+        acc = acc * alpha[:, None]
         v = _load_rows(src_v, kv_b, kv_h, start_n, offset_y, v_stride, seq, MODE, BLOCK_N,
                        BLOCK_D, HEAD_DIM)
+        # p rounded to v's dtype for the tensor-core product, accumulated in float32.
         acc = _dot(p.to(v.dtype), v, acc, "tf32", UPCAST)
+        # Updated last, to shorten the live ranges inside the loop (as the tutorial does).
+        l_i = l_i * alpha + l_ij
+        m_i = m_ij
     return acc, l_i, m_i
 
 
@@ -192,7 +151,7 @@ def _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs
                   svb, svh, svs, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
                   STORE_LSE: tl.constexpr, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, RESCALE_SKIP: tl.constexpr):
+                  BLOCK_N: tl.constexpr):
     """One program of the forward: query tile program_id(0) of (batch * head) program_id(1).
     SEQ queries, SEQ_K keys; the H query heads of a batch share H / GROUP key/value heads (GROUP
     query heads each: grouped-query attention). Q, K, V as _load_rows's MODE takes them; the
@@ -228,20 +187,20 @@ def _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs
         lo = (start_m * BLOCK_M + shift + 1) // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs, 0,
                                     lo, offs_m, offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 0,
-                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM, RESCALE_SKIP)
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
         hi = tl.minimum(start_m * BLOCK_M + BLOCK_M + shift, SEQ_K)
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs, lo,
                                     hi, offs_m, offs_n, qk_scale, SEQ_K, shift, BLOCK_N, 1,
-                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM, RESCALE_SKIP)
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
     else:
         # Whole tiles unmasked, then the partial last tile (if any) with keys past seq masked.
         n_full = SEQ_K - SEQ_K % BLOCK_N
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs, 0,
                                     n_full, offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 0,
-                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM, RESCALE_SKIP)
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, K, V, kv_b, kv_h, offset_kv, sks, svs,
                                     n_full, SEQ_K, offs_m, offs_n, qk_scale, SEQ_K, 0, BLOCK_N, 2,
-                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM, RESCALE_SKIP)
+                                    UPCAST, SCALE_POS, MODE, BLOCK_D, HEAD_DIM)
     acc = acc / l_i[:, None]
     # A masked pointer store: rows past seq belong to the next head, columns past head_dim to
     # the next row (the epilogue is one tile per program, a small share of the traffic).
@@ -260,27 +219,25 @@ def _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs
 def _attn_fwd(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
               UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
-              MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              RESCALE_SKIP: tl.constexpr):
+              MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The forward through host tensor descriptors (TMA; sm_90+ and the interpreter): grid
     (query tiles, batch * heads). MODE 1: q, k, v are 4-D descriptors over tensors of any
     strides; 0: 2-D ones over contiguous tensors."""
     _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                   HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, MODE, BLOCK_M,
-                  BLOCK_N, RESCALE_SKIP)
+                  BLOCK_N)
 
 
 @triton.jit
 def _attn_fwd_pointers(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs, skb, skh,
                        sks, svb, svh, svs, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                        CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
-                       STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       RESCALE_SKIP: tl.constexpr):
+                       STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The same forward through plain masked loads, for GPUs without TMA (before Hopper): q, k,
     v of any strides (elements: batch, head, row; the last dim contiguous), read in place."""
     _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh, sqs, skb, skh, sks,
                   svb, svh, svs, HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, 2,
-                  BLOCK_M, BLOCK_N, RESCALE_SKIP)
+                  BLOCK_M, BLOCK_N)
 
 
 def _descriptor_pre_hook(nargs):
@@ -561,12 +518,6 @@ class _Plan(NamedTuple):
 
 _PLANS = plan_cache()
 
-# The forward's lazy rescale (see _attn_inner_lazy), base-2 units: 0.0 rescales every key tile;
-# 8.0 lets p grow to 256 first (FlashAttention-4). Off until measured on the GPU; read when a
-# layout's plan is made (empty _PLANS and _STEADY to change it in a running process).
-RESCALE_SKIP = 0.0
-
-
 def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
     """triton_fused's plan for inputs that passed _check_inputs (see _Plan); raises on bad
     launch options."""
@@ -587,7 +538,7 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
     block_d = max(16, next_pow2(head_dim))
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
-                  STORE_LSE=return_lse, RESCALE_SKIP=RESCALE_SKIP)
+                  STORE_LSE=return_lse)
     if host:
         consts["MODE"] = 1 if strided else 0
     if not interpreting() and all(p is None for p in options):

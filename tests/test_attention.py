@@ -470,13 +470,11 @@ def test_cached_checks_still_refuse(device):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("no_tma", [False, True])
-def test_lazy_rescale_matches_float64(causal, no_tma, device, monkeypatch):
-    """RESCALE_SKIP = 8 (base 2): acc, l and m keep an old max until a row's max grows by more.
-    Scores that climb along the keys (a rescale at most tiles), grouped heads, odd lengths (a
-    partial key tile, a diagonal), and the log-sum-exp the backward reads."""
+def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
+    """Scores that climb along the keys (the running max grows at every tile), grouped heads,
+    odd lengths (a partial key tile, a diagonal), and the log-sum-exp the backward reads."""
     from triton_fusion_report.kernels import _common
 
-    monkeypatch.setattr(at, "RESCALE_SKIP", 8.0)
     monkeypatch.setattr(_common, "NO_TMA", no_tma)
     monkeypatch.setattr(at, "_PLANS", {})
     monkeypatch.setattr(at, "_STEADY", {})

@@ -106,7 +106,7 @@ def _ms_problem(B, K, C, dtype, s, precision):
         splits = 1 if method != sr.SPLIT_K else sr.matmul_softmax_plan(
             B, K, C, dtype, method=method, sm_count=_sm_count(), **kw).splits
         return traffic.total(traffic.matmul_softmax_kernels(B, K, C, s, impl, method, splits))
-    plan = sr.matmul_softmax_plan(B, K, C, dtype, **kw)
+    plan = sr.matmul_softmax_plan(B, K, C, dtype, sm_count=_sm_count(), **kw)
     variants = [
         Variant("torch_eager", tf32(eager_matmul_softmax, use_tf32),
                 bytes_impl=nbytes("torch_eager")),

@@ -19,8 +19,8 @@ matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_soft
 - "split_k": for few rows and a long K, where the other methods leave most SMs idle (a grid of a
   handful of row blocks): pass 1 splits K across programs, each storing its float32 partial
   logits tile; pass 2, one program per row, sums the splits, adds the bias and writes the
-  softmax. The partials cost splits * B * C * 4 bytes of memory and traffic; not picked by
-  `method=None` until measured.
+  softmax. The partials cost splits * B * C * 4 bytes of memory and traffic; `method=None`
+  takes it for few rows and a long K (`SPLIT_K_MIN_K`).
 
 Recompute vs store: "online" pays 2BCK FLOPs, "two_pass_store" pays 2BC*e bytes (e bytes an
 element); recomputing wins while K / peak_flops < e / bandwidth, i.e. K below ~2*665/3.0 ~ 440 for
@@ -65,6 +65,11 @@ ONLINE_MAX_K = {"half": 128, "tf32": 256, "ieee": 64}
 # tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
 # against 58.5), tiled won from 1024x1024x100 (fp16 57.5 against 123.6) and at 65536x128x10.
 SIMPLE_MAX_WORK = 1 << 24
+# method=None takes "split_k" from this K when the method it would take fills fewer than half the
+# SMs with programs. Measured on the H100 (2026-11-25, device us): 512x4096x200 fp16 23.6 against
+# tiled's 192; 1024x1024x100 fp16 18.6 against 33.0, IEEE 18.5 against 29.6, TF32 17.4 against
+# 21.7; at K = 256 (2048x256x1000 fp16) a tie with two_pass_store (28.7 against 29.7).
+SPLIT_K_MIN_K = 1024
 
 
 def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -356,8 +361,9 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     method=None: "simple" for small problems (B * K * C <= SIMPLE_MAX_WORK, C <= MAX_SIMPLE_C), else
     "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
     enough that recomputing the matmul is cheaper than storing the logits (ONLINE_MAX_K), else
-    "two_pass_store". An explicit block_c asks for one of the multi-tile methods (not split_k,
-    which only an explicit method takes).
+    "two_pass_store"; then "split_k" instead when K >= SPLIT_K_MIN_K and that method's grid fills
+    fewer than half of sm_count SMs. Explicit tiles or launch options keep the first choice; an
+    explicit block_c asks for one of the multi-tile methods (split_k only by name).
     """
     if input_precision is None:
         input_precision = "ieee"
@@ -376,6 +382,14 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
             method = ONLINE
         else:
             method = TWO_PASS_STORE
+        overrides = (block_b, block_c, block_k, num_warps, num_stages)
+        if method != SIMPLE and K >= SPLIT_K_MIN_K and all(o is None for o in overrides):
+            plan = matmul_softmax_plan(B, K, C, dtype, method=method,
+                                       input_precision=input_precision, sm_count=sm_count)
+            if cdiv(B, plan.block_b) * cdiv(C, plan.block_c) < sm_count // 2:
+                method = SPLIT_K
+            else:
+                return plan
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
     stages = 3

@@ -223,14 +223,37 @@ def test_matmul_softmax_split_k_plan():
         p = plan(16, K, 16, torch.float32, method="split_k", sm_count=132)
         k_tiles = -(-K // p.block_k)
         assert p.splits >= 1 and (p.splits - 1) * -(-k_tiles // p.splits) < k_tiles
-    assert plan(512, 4096, 200, torch.float16).method != "split_k"  # not picked by itself
+
+    # method=None: split_k where the method it would take leaves over half the SMs idle and K
+    # is long (the shapes measured on the H100), not at a short K, with explicit tiles, with
+    # many rows, or for a problem small enough for "simple".
+    assert plan(512, 4096, 200, torch.float16, sm_count=132).method == "split_k"
+    assert plan(1024, 1024, 100, torch.float32, sm_count=132).method == "split_k"
+    assert plan(2048, 256, 1000, torch.float16, sm_count=132).method == "two_pass_store"
+    assert plan(512, 4096, 200, torch.float16, block_b=32, sm_count=132).method == "tiled"
+    assert plan(512, 4096, 200, torch.float16, num_warps=4, sm_count=132).method == "tiled"
+    assert plan(16384, 4096, 4096, torch.float16, sm_count=132).method == "two_pass_store"
+    assert plan(16, 1024, 16, torch.float32, sm_count=132).method == "simple"
+    assert plan(512, 4096, 200, torch.float16, sm_count=8).method == "tiled"
+
+
+def test_matmul_softmax_default_split_k_matches_float64(device, monkeypatch):
+    """The default plan's split_k (few rows, a long K, more work than "simple" takes), poisoned
+    outputs."""
+    monkeypatch.setattr(sr, "empty", lambda shape, dt, dev: torch.full(shape, float("nan"),
+                                                                      dtype=dt, device=dev))
+    B, K, C = 48, 1100, 330
+    assert sr.matmul_softmax_plan(B, K, C, torch.float32, sm_count=132).method == "split_k"
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", 132)
+    x, w, b = ms_inputs(B, K, C, torch.float32, device)
+    check_probs(sr.matmul_softmax_fused(x, w, b), x, w, b, TOL["ieee"])
 
 
 def test_matmul_softmax_plan_defaults():
     plan = sr.matmul_softmax_plan
     assert plan(65536, 256, 512, torch.float16).method == "tiled"
     assert plan(256, 512, 50, torch.float16).method == "simple"  # small: one launch, no staging
-    assert plan(1024, 1024, 100, torch.float32).method == "tiled"
+    assert plan(1024, 1024, 100, torch.float32, method=None, block_b=16).method == "tiled"
     assert plan(256, 512, 50, torch.float16, block_b=32).method == "tiled"  # block_b: not simple
     assert plan(4096, 128, 32000, torch.float16).method == "online"
     assert plan(16384, 1024, 32000, torch.float16).method == "two_pass_store"
@@ -242,11 +265,12 @@ def test_matmul_softmax_plan_defaults():
     p = plan(65536, 256, 512, torch.float16)
     assert p.block_c == 512 and p.block_b * p.block_c <= 32768
     # Few row blocks: smaller ones, 8 warps in half precision; K = 256 stores the logits.
-    p = plan(1024, 1024, 100, torch.float16, sm_count=132)
+    # (tiled by name: the default takes split_k at these few-row shapes)
+    p = plan(1024, 1024, 100, torch.float16, method="tiled", sm_count=132)
     assert (p.method, p.block_b, p.num_warps) == ("tiled", 32, 8)
-    assert plan(1024, 1024, 100, torch.float32, sm_count=132).block_b == 16
+    assert plan(1024, 1024, 100, torch.float32, method="tiled", sm_count=132).block_b == 16
     assert plan(65536, 1024, 100, torch.float16, sm_count=132).block_b == 128
-    assert plan(512, 4096, 200, torch.float16, sm_count=132).block_b == 128  # 256 classes
+    assert plan(512, 4096, 200, torch.float16, method="tiled", sm_count=132).block_b == 128
     assert plan(2048, 256, 1000, torch.float16).method == "two_pass_store"
     assert plan(8, 8, 8, torch.float32, method="simple").block_c == 16
     assert plan(8, 8, 8, torch.bfloat16).precision == "tf32"  # half dtypes: the flag is moot

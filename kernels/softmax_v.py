@@ -191,17 +191,10 @@ def _trivial(x, v):
     return None
 
 
-# Half precision with d3 >= 512 (one program holds all of d3): warps, and the lazy rescale's
-# threshold (natural log; 0.0 rescales every chunk) from d2 >= WIDE_LAZY_MIN_D2.
-WIDE_WARPS = 16
-WIDE_RESCALE_SKIP = 0.0
-WIDE_LAZY_MIN_D2 = 0
-
-
 def _default_tiles(dtype, d1, d2, d3) -> tuple:
-    """(block_1, block_2, block_3, num_warps, num_stages, rescale_skip) of the fused kernel, from
-    config searches on the H100 (analysis/NOTES.md). float16/bfloat16 with d3 > 64: one program
-    holds 64 rows by all of d3 up to 512 (x read once; two warpgroups of tensor-core products),
+    """(block_1, block_2, block_3, num_warps, num_stages) of the fused kernel, from config
+    searches on the H100 (analysis/NOTES.md). float16/bfloat16 with d3 > 64: one program holds
+    64 rows by all of d3 up to 512 (x read once; 8 warps, two warpgroups of tensor-core products),
     or 128 rows by d3 up to 256, with 64-key chunks: 16 x 2048 x 8192 x 512 in 0.95 ms against
     1.52 with the float32 tiles, 16 x 2048 x 8192 x 128 in 0.36 against 0.59. float32 (and d3 <=
     64): 32 x 32 score tiles by a 256-wide slice of d3 (ahead of larger tiles by ~2x at d3 = 512,
@@ -209,10 +202,9 @@ def _default_tiles(dtype, d1, d2, d3) -> tuple:
     if dtype != torch.float32 and d3 > 64:
         block_3 = _pow2_block(d3, 16, 512)
         if block_3 >= 512:
-            skip = WIDE_RESCALE_SKIP if d2 >= WIDE_LAZY_MIN_D2 else 0.0
-            return _pow2_block(d1, 16, 64), _pow2_block(d2, 16, 64), block_3, WIDE_WARPS, 3, skip
-        return _pow2_block(d1, 16, 128), _pow2_block(d2, 16, 64), block_3, 8, 3, 0.0
-    return _pow2_block(d1, 16, 32), _pow2_block(d2, 16, 32), _pow2_block(d3, 16, 256), 4, 2, 0.0
+            return _pow2_block(d1, 16, 64), _pow2_block(d2, 16, 64), block_3, 16, 3
+        return _pow2_block(d1, 16, 128), _pow2_block(d2, 16, 64), block_3, 8, 3
+    return _pow2_block(d1, 16, 32), _pow2_block(d2, 16, 32), _pow2_block(d3, 16, 256), 4, 2
 
 
 class _FusedLaunch(NamedTuple):
@@ -227,7 +219,6 @@ class _FusedLaunch(NamedTuple):
     # (shape, strides, block shape) of x's and v's descriptors where the kernel reads through TMA
     # (triton_fused still takes the pointer path for a call whose bases are not 16-byte aligned).
     tma: tuple | None = None
-    rescale_skip: float = 0.0  # the lazy rescale's threshold (RESCALE_SKIP overrides it)
 
 
 def _tma_spec(t, block) -> tuple | None:
@@ -252,7 +243,7 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, n
         raise ValueError(f"tma must be None, True or False, got {tma!r}")
     batch, d1, d2 = x.shape
     d3 = v.shape[2]
-    d_1, d_2, d_3, d_warps, d_stages, skip = _default_tiles(x.dtype, d1, d2, d3)
+    d_1, d_2, d_3, d_warps, d_stages = _default_tiles(x.dtype, d1, d2, d3)
     block_1 = check_pow2("block_1", d_1 if block_1 is None else block_1, why=DOT_MIN)
     block_2 = check_pow2("block_2", d_2 if block_2 is None else block_2, why=DOT_MIN)
     block_3 = check_pow2("block_3", d_3 if block_3 is None else block_3, why=DOT_MIN)
@@ -272,15 +263,14 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, n
         (d1, d2, d3, *plan_strides(x), *plan_strides(v), *out_strides),
         dict(BLOCK_1=block_1, BLOCK_2=block_2, BLOCK_3=block_3, INPUT_PRECISION=precision,
              UPCAST=_upcast_bf16(x.dtype), num_warps=num_warps, num_stages=num_stages),
-        specs, skip)
+        specs)
 
 
 _PLANS = plan_cache()
 
-# The fused kernel's lazy rescale (see _softmax_matmul_kernel), read per call: None takes the
-# plan's (`_default_tiles`); 0.0 rescales every chunk; ln(256) lets p grow to 256 first
-# (FlashAttention-4's trick).
-RESCALE_SKIP = None
+# The fused kernel's lazy rescale (see _softmax_matmul_kernel): 0.0 rescales every chunk; ln(256)
+# would let p grow to 256 first (FlashAttention-4's trick). Off until measured on the GPU.
+RESCALE_SKIP = 0.0
 
 
 def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precision=None,
@@ -300,14 +290,13 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
     out = empty(how.out_shape, x.dtype, x.device)
     if how.trivial:  # an empty d2 gives zeros, like torch
         return out.zero_()
-    skip = how.rescale_skip if RESCALE_SKIP is None else RESCALE_SKIP
     if how.tma is not None and not (x.data_ptr() | v.data_ptr()) & 15:
         descs = (descriptor(x, *how.tma[0]), descriptor(v, *how.tma[1]))
         launch(_softmax_matmul_kernel, how.grid, x, v, out, *descs, *how.sizes_strides,
-               TMA=True, RESCALE_SKIP=skip, **how.kwargs)
+               TMA=True, RESCALE_SKIP=RESCALE_SKIP, **how.kwargs)
     else:
         launch(_softmax_matmul_kernel, how.grid, x, v, out, None, None, *how.sizes_strides,
-               TMA=False, RESCALE_SKIP=skip, **how.kwargs)
+               TMA=False, RESCALE_SKIP=RESCALE_SKIP, **how.kwargs)
     return out
 
 

@@ -138,26 +138,6 @@ def test_lazy_rescale_matches_float64(dtype, tma, device, monkeypatch):
     assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
 
 
-def test_default_plan_takes_the_wide_lazy_rescale(device, monkeypatch):
-    """The plan's threshold for half precision with d3 >= 512 from d2 >= WIDE_LAZY_MIN_D2, and
-    RESCALE_SKIP (None) leaving it to the plan; climbing rows, poisoned output."""
-    import math
-
-    monkeypatch.setattr(sm, "WIDE_RESCALE_SKIP", math.log(256))
-    monkeypatch.setattr(sm, "WIDE_LAZY_MIN_D2", 100)
-    monkeypatch.setattr(sm, "RESCALE_SKIP", None)
-    assert sm._default_tiles(torch.float16, 64, 100, 512)[5] == math.log(256)
-    assert sm._default_tiles(torch.float16, 64, 99, 512)[5] == 0.0
-    assert sm._default_tiles(torch.float16, 64, 4096, 256)[5] == 0.0
-    assert sm._default_tiles(torch.float32, 64, 4096, 512)[5] == 0.0
-    monkeypatch.setattr(sm, "empty", lambda *a: torch.full(a[0], float("nan"), dtype=a[1],
-                                                           device=a[2]))
-    x, v = inputs((1, 20, 130, 520), torch.float16, device, scale=2.0)
-    x[:, :6] += torch.linspace(0, 40, 130, device=device).to(x.dtype)
-    out = sm.triton_fused(x, v)
-    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[torch.float16]
-
-
 def test_tma_falls_back(device, monkeypatch):
     """Layouts TMA cannot read, or bases off 16 bytes, take the pointer path (same results);
     float32 reads through pointers unless asked."""

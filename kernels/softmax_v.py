@@ -48,13 +48,9 @@ def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tenso
 def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, x_desc, v_desc, d1, d2, d3,
                            sx_b, sx_1, sx_2, sv_b, sv_2, sv_3, so_b, so_1, so_3,
                            BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-                           INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-                           RESCALE_SKIP: tl.constexpr):
+                           INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """TMA: x and v tiles come through 3-D host descriptors (x_desc, v_desc; elements past a
-    batch's d1, d2 or d3 read as zeros), else through pointers with masks. RESCALE_SKIP > 0: the
-    accumulator is rescaled only when some row's max grows by more than RESCALE_SKIP (natural
-    log units); until then the exponentials take the old max as reference (p <= e^RESCALE_SKIP),
-    which saves a (BLOCK_1, BLOCK_3) multiply per chunk, costly where d3 is wide."""
+    batch's d1, d2 or d3 read as zeros), else through pointers with masks."""
     pid_1 = tl.program_id(0)
     pid_3 = tl.program_id(1)
     b32 = tl.program_id(2)
@@ -85,27 +81,14 @@ def _softmax_matmul_kernel(x_ptr, v_ptr, out_ptr, x_desc, v_desc, d1, d2, d3,
             vt = tl.load(v_cols + ks[:, None] * sv_2, mask=k_ok[:, None] & col3_ok[None, :],
                          other=0.0)
         m_new = tl.maximum(m, tl.max(s, 1))
-        if RESCALE_SKIP > 0:
-            # A row that sees its first finite score grows by +inf: rescaled (alpha = 0).
-            grow = tl.max(tl.where(m_new > m, m_new - m, 0.0), 0)
-            if grow > RESCALE_SKIP:
-                m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m - m_sub)
-                l = l * alpha
-                acc = acc * alpha[:, None]
-                m = m_new
-            p = tl.exp(s - tl.where(m == float("-inf"), 0.0, m)[:, None])
-            l = l + tl.sum(p, 1)
-            acc = _dot(p.to(vt.dtype), vt, acc, INPUT_PRECISION, UPCAST)
-        else:
-            # Rows past d1 are all -inf: subtract 0 there instead of -inf (which would give NaN).
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m - m_sub)
-            p = tl.exp(s - m_sub[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            # p in v's dtype: fp16/bf16 runs on tensor cores, fp32 keeps full precision (or tf32).
-            acc = _dot(p.to(vt.dtype), vt, acc * alpha[:, None], INPUT_PRECISION, UPCAST)
-            m = m_new
+        # Rows past d1 are all -inf: subtract 0 there instead of -inf (which would give NaN).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_sub)
+        p = tl.exp(s - m_sub[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        # p in v's dtype: fp16/bf16 runs on tensor cores, fp32 keeps full precision (or tf32).
+        acc = _dot(p.to(vt.dtype), vt, acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+        m = m_new
     # Rows past d1 have l = 0; dividing them by 1 keeps 0/0 warnings out of the interpreter.
     out = acc / tl.where(row_ok, l, 1.0)[:, None]
     tl.store(out_ptr + b * so_b + rows[:, None] * so_1 + cols3[None, :] * so_3,
@@ -268,10 +251,6 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, n
 
 _PLANS = plan_cache()
 
-# The fused kernel's lazy rescale (see _softmax_matmul_kernel): 0.0 rescales every chunk; ln(256)
-# would let p grow to 256 first (FlashAttention-4's trick). Off until measured on the GPU.
-RESCALE_SKIP = 0.0
-
 
 def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precision=None,
                  num_warps=None, num_stages=None, tma=None) -> torch.Tensor:
@@ -293,10 +272,10 @@ def triton_fused(x, v, *, block_1=None, block_2=None, block_3=None, input_precis
     if how.tma is not None and not (x.data_ptr() | v.data_ptr()) & 15:
         descs = (descriptor(x, *how.tma[0]), descriptor(v, *how.tma[1]))
         launch(_softmax_matmul_kernel, how.grid, x, v, out, *descs, *how.sizes_strides,
-               TMA=True, RESCALE_SKIP=RESCALE_SKIP, **how.kwargs)
+               TMA=True, **how.kwargs)
     else:
         launch(_softmax_matmul_kernel, how.grid, x, v, out, None, None, *how.sizes_strides,
-               TMA=False, RESCALE_SKIP=RESCALE_SKIP, **how.kwargs)
+               TMA=False, **how.kwargs)
     return out
 
 

@@ -120,24 +120,6 @@ def test_tma_matches_float64(dtype, blocks, device, monkeypatch):
     assert seen == [sm.has_tma(x.device)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tma", [True, False])
-def test_lazy_rescale_matches_float64(dtype, tma, device, monkeypatch):
-    """RESCALE_SKIP = ln(256): the accumulator keeps an old max until a row's max grows by more.
-    Rows whose scores climb along d2 (a rescale in most chunks), rows of noise (few), rows past
-    d1 (d1 = 40 against 32-row blocks) and a row of -inf but one score."""
-    import math
-
-    monkeypatch.setattr(sm, "RESCALE_SKIP", math.log(256))
-    x, v = inputs((2, 40, 200, 72), dtype, device, scale=2.0)
-    x[:, :10] += torch.linspace(0, 60, 200, device=device).to(dtype)  # the max climbs by 0.3/key
-    x[:, 10:12] += torch.linspace(0, 9, 200, device=device).to(dtype)  # under ln(256) a chunk
-    x[:, 12] = float("-inf")
-    x[:, 12, 150] = 3.0
-    out = sm.triton_fused(x, v, block_1=32, block_2=32, block_3=64, tma=tma)
-    assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
-
-
 def test_tma_falls_back(device, monkeypatch):
     """Layouts TMA cannot read, or bases off 16 bytes, take the pointer path (same results);
     float32 reads through pointers unless asked."""

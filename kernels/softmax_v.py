@@ -177,15 +177,16 @@ def _trivial(x, v):
 def _default_tiles(dtype, d1, d2, d3) -> tuple:
     """(block_1, block_2, block_3, num_warps, num_stages) of the fused kernel, from config
     searches on the H100 (analysis/NOTES.md). float16/bfloat16 with d3 > 64: one program holds
-    64 rows by all of d3 up to 512 (x read once; 8 warps, two warpgroups of tensor-core products),
-    or 128 rows by d3 up to 256, with 64-key chunks: 16 x 2048 x 8192 x 512 in 0.95 ms against
-    1.52 with the float32 tiles, 16 x 2048 x 8192 x 128 in 0.36 against 0.59. float32 (and d3 <=
+    64 rows by all of d3 up to 512 (x read once; 8 warps: 16 x 2048 x d2 x 512 fp16 in 0.74 ms
+    against 0.84 with 16 warps at d2 = 8192, 0.11 against 0.12 at 1024, bf16 alike), or 128 rows
+    by d3 up to 256, with 64-key chunks: 16 x 2048 x 8192 x 128 in 0.36 ms against 0.59 with the
+    float32 tiles. float32 (and d3 <=
     64): 32 x 32 score tiles by a 256-wide slice of d3 (ahead of larger tiles by ~2x at d3 = 512,
     where larger float32 tiles run out of registers or shared memory)."""
     if dtype != torch.float32 and d3 > 64:
         block_3 = _pow2_block(d3, 16, 512)
         if block_3 >= 512:
-            return _pow2_block(d1, 16, 64), _pow2_block(d2, 16, 64), block_3, 16, 3
+            return _pow2_block(d1, 16, 64), _pow2_block(d2, 16, 64), block_3, 8, 3
         return _pow2_block(d1, 16, 128), _pow2_block(d2, 16, 64), block_3, 8, 3
     return _pow2_block(d1, 16, 32), _pow2_block(d2, 16, 32), _pow2_block(d3, 16, 256), 4, 2
 

@@ -156,6 +156,13 @@ def test_plan(device):
     assert (p.splits - 1) * p.chunk < 262_144 <= p.splits * p.chunk
     # Splits that would get no columns are dropped.
     assert sm.plan(2, 100, path="split", block=16, splits=50).splits == 7
+    # 16-bit rows on the online path: the largest tile whose last tile is mostly used.
+    assert sm.plan(4096, 50257, itemsize=2)[:3] == (sm.ONLINE, 8192, 8)
+    assert sm.plan(4096, 100_000, itemsize=2)[:3] == (sm.ONLINE, 16384, 16)
+    assert sm.plan(4096, 131_072, itemsize=2)[:3] == (sm.ONLINE, 32768, 16)
+    assert sm.plan(4096, 50257, itemsize=2, num_warps=4)[:3] == (sm.ONLINE, 8192, 4)
+    assert sm.plan(4096, 50257, itemsize=2, block=32768)[:3] == (sm.ONLINE, 32768, 16)
+    assert sm.plan(4096, 50257, itemsize=4)[1] == sm.ONLINE_BLOCK  # float32 keeps its tile
 
 
 @pytest.mark.parametrize(

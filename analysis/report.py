@@ -223,19 +223,26 @@ def mixture(results: Path) -> dict:
     from outside a git checkout, and the families whose Triton rows ran more than one kernel
     source (a data file assembled from several runs). `mixed` is true if any."""
     rows = family_rows(results)
+    # Data files the chapters take from the committed reference instead (see `data_file`).
+    fallback = [] if Path(results).resolve() == REFERENCE.resolve() else sorted(
+        path.stem for path in REFERENCE.glob("*.parquet")
+        if path.stem not in NOT_FAMILY_FILES and not (Path(results) / path.name).exists())
     if not len(rows):
-        return dict(mixed=False, commits=[], unclean=[], families=[], runs=0)
+        return dict(mixed=bool(fallback), commits=[], unclean=[], families=[], runs=0,
+                    fallback=fallback)
     commits = sorted(rows["git_commit"].dropna().astype(str).unique())
     unclean = [c for c in commits if c.endswith("-dirty") or c == "unknown"]
     families = []
     if "kernel_hash" in rows:
         triton = rows[rows["impl"].astype(str).str.startswith("triton")]
         for family, g in triton.groupby("family"):
-            hashes = g["kernel_hash"].fillna("not recorded").unique()
+            # Rows without a recorded hash (older data, seed 002's) are judged by their commit.
+            hashes = g["kernel_hash"].dropna().unique()
             if len(hashes) > 1:
                 families.append(family)
-    return dict(mixed=len(commits) > 1 or bool(unclean) or bool(families), commits=commits,
-                unclean=unclean, families=families, runs=int(rows["run_id"].nunique()))
+    return dict(mixed=len(commits) > 1 or bool(unclean) or bool(families) or bool(fallback),
+                commits=commits, unclean=unclean, families=families,
+                runs=int(rows["run_id"].nunique()), fallback=fallback)
 
 
 def short_commit(commit: str) -> str:
@@ -248,17 +255,26 @@ def mixture_note(results: Path) -> "Markdown":
     m = mixture(results)
     if not m["mixed"]:
         return Markdown("")
-    parts = [f"Its rows come from {m['runs']} runs at {len(m['commits'])} commits "
-             f"({', '.join(short_commit(c) for c in m['commits'])})"]
+    parts = []
+    if len(m["commits"]) > 1:
+        parts.append(f"its rows come from {m['runs']} runs at {len(m['commits'])} commits "
+                     f"({', '.join(short_commit(c) for c in m['commits'])})")
+    elif m["commits"]:
+        runs = "one run" if m["runs"] == 1 else f"{m['runs']} runs"
+        parts.append(f"its rows come from {runs} at commit {short_commit(m['commits'][0])}")
     if m["unclean"]:
         parts.append(f"{len(m['unclean'])} of these commits marked as a tree with uncommitted "
                      "changes or as unknown")
     if m["families"]:
         parts.append("the Triton rows of " + ", ".join(m["families"]) + " ran more than one "
                      "version of their kernels")
+    if m["fallback"]:
+        parts.append("it has no " + ", ".join(m["fallback"]) + " rows: those come from the "
+                     "committed reference, measured at other commits and times")
+    text = "; ".join(parts)
     return Markdown("::: {.callout-warning}\n## This results folder is not one clean run\n"
-                    + "; ".join(parts) + ". Figures that compare rows of different runs also "
-                    "compare different code; the methods chapter lists the runs.\n:::")
+                    + text[:1].upper() + text[1:] + ". Figures that compare rows of different "
+                    "runs also compare different code; the methods chapter lists the runs.\n:::")
 
 
 def gpu_states(results: Path) -> pd.DataFrame:

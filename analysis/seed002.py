@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     meta = machine.run_metadata(device)
     sink = schema.ParquetSink(args.out / "seed002.parquet", schema.family_schema("softmax_matmul"))
     csv_rows = {"ieee": [], "tf32": []}
+    kernel_hash = machine.kernel_hash("softmax_matmul")
     for precision in ("ieee", "tf32"):
         for d2 in args.d2:
             configs = [(False, None)] + [(True, b) for b in SEED_BLOCKS]
@@ -70,7 +71,8 @@ def main(argv=None) -> int:
                            block=block, batch=BATCH, d1=D1, d2=d2, d3=D3,
                            bytes_model=traffic.total(traffic.softmax_matmul_kernels(
                                BATCH, D1, d2, D3, 4, "triton_fused")),
-                           flops_model=traffic.softmax_matmul_flops(BATCH, D1, d2, D3))
+                           flops_model=traffic.softmax_matmul_flops(BATCH, D1, d2, D3),
+                           kernel_hash=kernel_hash if is_triton else None)
                 csv = dict(batch_size=BATCH, d1=D1, d2=d2, d3=D3, triton=is_triton, BLOCK=block,
                            forward_ms_mean=None, forward_ms_std=None, forward_peak_MiB=None)
                 try:

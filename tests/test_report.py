@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from triton_fusion_report.analysis import report as R  # noqa: E402
@@ -203,6 +204,42 @@ def test_partial_results_fall_back_to_the_reference(tmp_path, monkeypatch):
     lines = [str(eval(e, namespace)) for e in inline_expressions(text) if "data_line" in e]
     assert lines and "committed reference" in lines[0]
     assert "committed reference" not in str(R.data_line(elementwise=R.load(tmp_path, "elementwise")))
+
+
+def _one_clean_run(src, dst, names):
+    """Copies of the reference's files `names` into dst, relabelled as one run at one commit
+    with one kernel source per family."""
+    import shutil
+
+    for name in names:
+        if not name.endswith(".parquet") or name.startswith(("limits", "runs")):
+            shutil.copy(src / name, dst / name)
+            continue
+        df = pd.read_parquet(src / name)
+        df["run_id"], df["git_commit"] = "20261125T000000Z-abcdef", "a" * 40
+        if "kernel_hash" in df:
+            df["kernel_hash"] = "k"
+        df.to_parquet(dst / name)
+
+
+def test_mixture_flags_commits_and_fallback(tmp_path):
+    """The first page's warning: the committed reference (several runs and commits) is flagged;
+    one clean run of every family is not; one clean run of some families is, naming the families
+    that come from the reference instead."""
+    assert R.mixture(R.REFERENCE)["mixed"]
+    assert R.mixture(R.REFERENCE)["fallback"] == []
+    families = sorted(p.name for p in R.REFERENCE.glob("*.parquet")
+                      if p.stem not in R.NOT_FAMILY_FILES)
+    full, part = tmp_path / "full", tmp_path / "part"
+    full.mkdir(), part.mkdir()
+    _one_clean_run(R.REFERENCE, full, families + ["limits.parquet"])
+    assert not R.mixture(full)["mixed"] and str(R.mixture_note(full)) == ""
+    _one_clean_run(R.REFERENCE, part, ["elementwise.parquet", "limits.parquet"])
+    m = R.mixture(part)
+    assert m["mixed"] and "attention" in m["fallback"] and "elementwise" not in m["fallback"]
+    note = str(R.mixture_note(part))
+    assert "not one clean run" in note and "one run at commit aaaaaaaaaaaa" in note
+    assert "it has no attention" in note and "committed reference" in note
 
 
 def test_md_table_escapes_markdown():

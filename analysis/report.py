@@ -203,6 +203,9 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
     )
 
 
+# The CSV tables of a full `make bench` beside the sweep's Parquet files.
+BENCH_CSVS = ("host_overhead.csv", "launch_cost.csv", "model_check.csv", "model_train.csv",
+              "seed002_ieee.csv", "seed002_tf32.csv")
 # Parquet files of a results folder that hold no family's sweep rows.
 NOT_FAMILY_FILES = ("limits", "runs", "profile")
 
@@ -220,13 +223,15 @@ def family_rows(results: Path) -> pd.DataFrame:
 
 def mixture(results: Path) -> dict:
     """What a results folder mixes: its commits, whether any run came from a changed tree or
-    from outside a git checkout, and the families whose Triton rows ran more than one kernel
-    source (a data file assembled from several runs). `mixed` is true if any."""
+    from outside a git checkout, the families whose Triton rows ran more than one kernel source
+    (a data file assembled from several runs), and `fallback`: the data files of a bench it lacks,
+    which the chapters take from the committed reference (see `data_file`). `mixed` is true if
+    any."""
     rows = family_rows(results)
-    # Data files the chapters take from the committed reference instead (see `data_file`).
     fallback = [] if Path(results).resolve() == REFERENCE.resolve() else sorted(
-        path.stem for path in REFERENCE.glob("*.parquet")
-        if path.stem not in NOT_FAMILY_FILES and not (Path(results) / path.name).exists())
+        path.name.removesuffix(".parquet") for path in REFERENCE.iterdir()
+        if (path.suffix == ".parquet" and path.stem not in ("limits", "runs")
+            or path.name in BENCH_CSVS) and not (Path(results) / path.name).exists())
     if not len(rows):
         return dict(mixed=bool(fallback), commits=[], unclean=[], families=[], runs=0,
                     fallback=fallback)
@@ -269,7 +274,7 @@ def mixture_note(results: Path) -> "Markdown":
         parts.append("the Triton rows of " + ", ".join(m["families"]) + " ran more than one "
                      "version of their kernels")
     if m["fallback"]:
-        parts.append("it has no " + ", ".join(m["fallback"]) + " rows: those come from the "
+        parts.append("it lacks " + ", ".join(m["fallback"]) + ": those data come from the "
                      "committed reference, measured at other commits and times")
     text = "; ".join(parts)
     return Markdown("::: {.callout-warning}\n## This results folder is not one clean run\n"

@@ -52,10 +52,11 @@ ONLINE_BLOCK = 32768
 # chunk is only 64 KiB there, too few bytes in flight for one program per SM (fp16 262144:
 # online 2.18, coop 2.06).
 ONLINE_MAX_ROW_BYTES = 256 * 1024
-# 16-bit rows on the online path: the largest of these tiles whose last tile leaves at most this
-# share of the row's padded length masked. Measured on the H100 (4096 rows fp16, us): 50257
-# wide 454 with 8192 (8 warps) against 558 with 32768 (two tiles, the second 53% masked; eager
-# 388); 100000: 718 with 16384 against 773; 65536, 131072, 262144: 32768 within 4% of the best.
+# 16-bit rows longer than the smallest of these tiles, on the online path: the largest tile that
+# leaves at most this share of the padded row masked. Measured on the H100 (4096 rows fp16, us):
+# 50257 wide 454 with 8192 (8 warps) against 558 with 32768 (two tiles, the second 53% masked;
+# eager 388); 100000: 718 with 16384 against 773; 65536, 131072, 262144: 32768 within 5% of the
+# best.
 HALF_ONLINE_TILES = ((32768, 16), (16384, 16), (8192, 8))
 HALF_ONLINE_MAX_PAD = 0.15
 
@@ -340,7 +341,8 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
                 f"of {n_cols}, got {block} (path='online' loops over tiles of block)")
     else:
         default = {COOP: COOP_BLOCK, SPLIT: SPLIT_BLOCK, ONLINE: ONLINE_BLOCK}[path]
-        if path == ONLINE and itemsize < 4 and block is None:
+        if (path == ONLINE and itemsize < 4 and block is None
+                and n_cols > HALF_ONLINE_TILES[-1][0]):
             block, warps = half_online_tile(n_cols)
             num_warps = warps if num_warps is None else num_warps
         block = min(default, whole_row) if block is None else block

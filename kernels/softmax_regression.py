@@ -70,6 +70,7 @@ SIMPLE_MAX_WORK = 1 << 24
 # tiled's 192; 1024x1024x100 fp16 18.6 against 33.0, IEEE 18.5 against 29.6, TF32 17.4 against
 # 21.7; at K = 256 (2048x256x1000 fp16) a tie with two_pass_store (28.7 against 29.7).
 SPLIT_K_MIN_K = 1024
+SPLIT_K_MIN_SLICES = 4
 
 
 def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -361,9 +362,10 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     method=None: "simple" for small problems (B * K * C <= SIMPLE_MAX_WORK, C <= MAX_SIMPLE_C), else
     "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
     enough that recomputing the matmul is cheaper than storing the logits (ONLINE_MAX_K), else
-    "two_pass_store"; then "split_k" instead when K >= SPLIT_K_MIN_K and that method's grid fills
-    fewer than half of sm_count SMs. Explicit tiles or launch options keep the first choice; an
-    explicit block_c asks for one of the multi-tile methods (split_k only by name).
+    "two_pass_store"; then "split_k" instead when K >= SPLIT_K_MIN_K, that method's grid fills
+    fewer than half of sm_count SMs and split_k's plan takes at least SPLIT_K_MIN_SLICES K
+    slices. Explicit tiles or launch options keep the first choice; an explicit block_c asks for
+    one of the multi-tile methods (split_k only by name).
     """
     if input_precision is None:
         input_precision = "ieee"
@@ -386,10 +388,13 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         if method != SIMPLE and K >= SPLIT_K_MIN_K and all(o is None for o in overrides):
             plan = matmul_softmax_plan(B, K, C, dtype, method=method,
                                        input_precision=input_precision, sm_count=sm_count)
-            if cdiv(B, plan.block_b) * cdiv(C, plan.block_c) < sm_count // 2:
-                method = SPLIT_K
-            else:
+            if cdiv(B, plan.block_b) * cdiv(C, plan.block_c) >= sm_count // 2:
                 return plan
+            split = matmul_softmax_plan(B, K, C, dtype, method=SPLIT_K,
+                                        input_precision=input_precision, sm_count=sm_count)
+            # Measured wins had 4-16 K slices; with fewer (many rows or classes) the partials'
+            # round trip is not known to pay.
+            return split if split.splits >= SPLIT_K_MIN_SLICES else plan
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
     stages = 3

@@ -235,6 +235,9 @@ def test_matmul_softmax_split_k_plan():
     assert plan(16384, 4096, 4096, torch.float16, sm_count=132).method == "two_pass_store"
     assert plan(16, 1024, 16, torch.float32, sm_count=132).method == "simple"
     assert plan(512, 4096, 200, torch.float16, sm_count=8).method == "tiled"
+    # Many rows (or classes) in few large tiles: split_k would take fewer than 4 K slices.
+    assert plan(8192, 1024, 256, torch.float16, sm_count=132).method == "tiled"
+    assert plan(1024, 1024, 2048, torch.float16, sm_count=132).method == "two_pass_store"
 
 
 def test_matmul_softmax_default_split_k_matches_float64(device, monkeypatch):

@@ -232,14 +232,16 @@ def test_mixture_flags_commits_and_fallback(tmp_path):
                       if p.stem not in R.NOT_FAMILY_FILES)
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
-    _one_clean_run(R.REFERENCE, full, families + ["limits.parquet"])
+    _one_clean_run(R.REFERENCE, full, families + ["limits.parquet", "profile.parquet",
+                                                  *R.BENCH_CSVS])
     assert not R.mixture(full)["mixed"] and str(R.mixture_note(full)) == ""
     _one_clean_run(R.REFERENCE, part, ["elementwise.parquet", "limits.parquet"])
     m = R.mixture(part)
     assert m["mixed"] and "attention" in m["fallback"] and "elementwise" not in m["fallback"]
     note = str(R.mixture_note(part))
     assert "not one clean run" in note and "one run at commit aaaaaaaaaaaa" in note
-    assert "it has no attention" in note and "committed reference" in note
+    assert "it lacks attention" in note and "committed reference" in note
+    assert "launch_cost.csv" in m["fallback"] and "profile" in m["fallback"]
 
 
 def test_md_table_escapes_markdown():

@@ -156,7 +156,10 @@ def test_plan(device):
     assert (p.splits - 1) * p.chunk < 262_144 <= p.splits * p.chunk
     # Splits that would get no columns are dropped.
     assert sm.plan(2, 100, path="split", block=16, splits=50).splits == 7
-    # 16-bit rows on the online path: the largest tile whose last tile is mostly used.
+    # 16-bit rows on the online path: the largest tile leaving at most 15% of the padded row
+    # masked; rows up to the smallest tile as before (the row's power of two).
+    assert sm.plan(4096, 1000, itemsize=2, path="online")[1:3] == (1024, 4)
+    assert sm.plan(4096, 0, itemsize=2, path="online")[1] == 16
     assert sm.plan(4096, 50257, itemsize=2)[:3] == (sm.ONLINE, 8192, 8)
     assert sm.plan(4096, 100_000, itemsize=2)[:3] == (sm.ONLINE, 16384, 16)
     assert sm.plan(4096, 131_072, itemsize=2)[:3] == (sm.ONLINE, 32768, 16)

@@ -28,6 +28,9 @@ from .. import kernels
 from ..kernels import _common
 from ..kernels import layernorm as ln
 from ..kernels import layernorm_backward as lnb
+
+# The switches as the package sets them (restored after each mode is tried).
+_DEFAULTS = (_common.FAST_LAUNCH, _common.POINTERS_AS_INTS, _common.CACHE_TMA)
 from .launch_cost import _noop1, _noop10, host_us
 
 
@@ -150,7 +153,7 @@ def check_same_bits(dev) -> tuple[int, int]:
                     print(f"DIFFERS (round {round_}): {name}")
     finally:
         JITFunction.run = original
-        _common.POINTERS_AS_INTS, _common.CACHE_TMA = False, True
+        _common.FAST_LAUNCH, _common.POINTERS_AS_INTS, _common.CACHE_TMA = _DEFAULTS
     print(f"{len(all_cases)} cases x 4 rounds with the fast path: {differences} differ from the "
           f"normal path; JITFunction.run calls in the last round: {runs['n']}")
     return differences, runs["n"]
@@ -195,10 +198,11 @@ def host_table(dev, calls: int) -> list[dict]:
             _common.POINTERS_AS_INTS = mode == "ints"
             _common.CACHE_TMA = mode != "no_tma_cache"
             timings[mode] = host_us(fn, calls)
-        _common.FAST_LAUNCH, _common.POINTERS_AS_INTS, _common.CACHE_TMA = True, False, True
+        _common.FAST_LAUNCH, _common.POINTERS_AS_INTS, _common.CACHE_TMA = _DEFAULTS
         if name == "raw launch, 10 args":
             raw10 = timings["off"]
-        ratio = timings["on"] / raw10 if raw10 and not name.startswith("raw") else None
+        default = timings["ints" if _DEFAULTS[1] else "on"]
+        ratio = default / raw10 if raw10 and not name.startswith("raw") else None
         print(f"{name:34s} {timings['off']:12.1f} {timings['on']:11.1f} {timings['ints']:11.1f} "
               f"{timings['no_tma_cache']:12.1f} {'' if ratio is None else f'{ratio:11.2f}'}",
               flush=True)

@@ -220,7 +220,9 @@ def _describe(record):
 def check_fast_path() -> list[str]:
     """For each public op (the proxy's cases), its launches with the fast path off, then on
     (after a warm-up call): the same kernels, grids, streams and arguments, and none through
-    JITFunction.run. Returns the problems found."""
+    JITFunction.run. Returns the problems found. Tensors are passed as tensors here, to be
+    described by their layouts (`_common.POINTERS_AS_INTS` off); that their addresses, when
+    passed instead, are the same tensors' is tests/test_launch.py's."""
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("the kernels must be JITFunctions: unset TRITON_INTERPRET")
     from triton import knobs
@@ -236,8 +238,10 @@ def check_fast_path() -> list[str]:
         runs.append(self)
         return run(self, *args, **kwargs)
 
+    as_ints = _common.POINTERS_AS_INTS
     with simulated_gpu(calls):
         JITFunction.run = counted
+        _common.POINTERS_AS_INTS = False
         try:
             for name, fn in _cases():
                 _common.FAST_LAUNCH = False
@@ -259,6 +263,7 @@ def check_fast_path() -> list[str]:
         finally:
             JITFunction.run = run
             _common.FAST_LAUNCH = True
+            _common.POINTERS_AS_INTS = as_ints
     return problems
 
 

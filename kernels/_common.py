@@ -492,9 +492,10 @@ def _source_digest(kernel) -> str:
 # (every launch then goes through kernel[grid]).
 FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
 # Tensors passed to the launcher as their addresses: it then skips its per-pointer
-# cuPointerGetAttribute check (a driver call each), which the ops' own checks (CUDA tensors of one
-# device) make redundant. An experiment, timed by analysis/fast_launch_check.py (off by default).
-POINTERS_AS_INTS = os.environ.get("TRITON_FUSION_POINTERS_AS_INTS", "0") == "1"
+# cuPointerGetAttribute (a driver call each), which only tells a CPU tensor from a CUDA one, as
+# the ops' own checks already have. Saves 1-5 us a call on an H100 host (analysis/NOTES.md,
+# the interleaved percall probe). TRITON_FUSION_POINTERS_AS_INTS=0: off.
+POINTERS_AS_INTS = os.environ.get("TRITON_FUSION_POINTERS_AS_INTS", "1") != "0"
 # Host TensorDescriptors turned into TMA descriptors once per (address, shape, strides, padding)
 # and compiled kernel, instead of at every launch (Triton's launcher wrapper encodes each one
 # every call, in Python). TRITON_FUSION_CACHE_TMA=0 or `_common.CACHE_TMA = False`: off.
@@ -521,7 +522,7 @@ def descriptor(t, shape, strides, block_shape=None):
     return d
 
 
-def specialization_key(args, prefix=()) -> tuple | None:
+def specialization_key(args, prefix=(), passed=None) -> tuple | None:
     """A key for what Triton 3.6 specialises a kernel on, given its runtime (not constexpr)
     arguments in order: two calls with equal keys get the same specialisation. None for an
     argument of a kind not handled here (the caller then launches through Triton). `prefix`
@@ -537,15 +538,23 @@ def specialization_key(args, prefix=()) -> tuple | None:
     Triton ignore part of it: finer than Triton's, never coarser. (Read in order, it is
     unambiguous: a dtype is always followed by its alignment, or preceded by "tensordesc" and
     followed by a block shape, and no other entry equals a dtype, a keyword's (name, value) pair
-    or another kind's entry.)"""
+    or another kind's entry.)
+
+    `passed`, a list: filled with the arguments as the launcher is to get them, each tensor
+    replaced by its address (read once, for the key and the launch)."""
     key = list(prefix)
     append = key.append
+    pass_on = None if passed is None else passed.append
     for a in args:
         cls = a.__class__
         if cls is _Tensor or cls is _Parameter:
+            ptr = a.data_ptr()
             append(a.dtype)
-            append(not a.data_ptr() & 15)
-        elif cls is int:
+            append(not ptr & 15)
+            if pass_on is not None:
+                pass_on(ptr)
+            continue
+        if cls is int:
             if -0x80000000 <= a <= 0x7FFFFFFF:
                 append("1" if a == 1 else "i32" if a & 15 else "i32:16")
             elif -0x8000000000000000 <= a <= 0x7FFFFFFFFFFFFFFF:
@@ -566,6 +575,8 @@ def specialization_key(args, prefix=()) -> tuple | None:
             append(tuple(a.block_shape))
         else:
             return None
+        if pass_on is not None:
+            pass_on(a)
     return tuple(key)
 
 
@@ -716,7 +727,8 @@ def launch(kernel, grid, *args, **kwargs):
     active = driver.active
     device = active.get_current_device()  # what JITFunction.run keys its caches on
     # MAX_SHARED: a kernel fitted under another limit is not the one to launch.
-    key = specialization_key(args, (device, MAX_SHARED, *kwargs.items()))
+    passed = [] if POINTERS_AS_INTS else None
+    key = specialization_key(args, (device, MAX_SHARED, *kwargs.items()), passed)
     if key is None:
         return _fitted(kernel, grid, args, kwargs)[0]
     try:
@@ -737,8 +749,8 @@ def launch(kernel, grid, *args, **kwargs):
     grid_1 = grid[1] if n > 1 else 1
     grid_2 = grid[2] if n > 2 else 1
     stream = active.get_current_stream(device)
-    if POINTERS_AS_INTS:
-        args = [a.data_ptr() if a.__class__ is _Tensor else a for a in args]
+    if passed is not None:
+        args = passed
     # No hooks are set (checked above): no launch metadata, None for the hooks.
     if entry.descs and CACHE_TMA:
         args = list(args)

@@ -135,7 +135,13 @@ def _check_launches(gpu, kernel, calls):
         assert compiled.device == device
         assert record[9] == compiled.packed_metadata
         constexprs = [kwargs[p.name] for p in kernel.params if p.is_constexpr]
-        assert list(record[13:]) == list(args) + constexprs
+        assert _addresses(record[13:]) == _addresses(args) + constexprs
+
+
+def _addresses(values):
+    """values with each tensor as its address: the C launcher takes either for a pointer
+    (the fast path passes addresses: _common.POINTERS_AS_INTS)."""
+    return [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def _variants():
@@ -186,9 +192,12 @@ def test_launch_runs_the_kernel_triton_would_with_the_arguments_it_would(count_r
         _check_launches(gpu, kernel, calls)
         if scratch:
             assert all(record[7] is not None for record in gpu_calls)
-    # Each distinct variant went through JITFunction.run once; the other calls skipped it.
+    # Each distinct variant went through JITFunction.run once; the other calls skipped it, and
+    # passed the tensors' addresses (by default) instead of the tensors.
     distinct = {(d, C.specialization_key(a), tuple(k.items())) for d, a, k in pool}
     assert count_runs["runs"] == len(distinct) > 60
+    with_tensors = sum(any(isinstance(a, torch.Tensor) for a in r[13:]) for r in gpu_calls)
+    assert with_tensors == (count_runs["runs"] if C.POINTERS_AS_INTS else len(gpu_calls))
 
 
 def _one_call(kernel):

@@ -45,12 +45,14 @@ def _worker(k: int, args, queue, done) -> None:
         with done.get_lock():
             done.value += 1
     measure(args, share(), _part(args.out, k), device, on_row=counted)
-    # Every row and the run's record are on disk (written whole, then renamed). Skip the
-    # interpreter's teardown: Arrow's thread pools can abort there ("terminate called without
-    # an active exception", apache/arrow#34314), which would report a finished worker as failed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    if mp.parent_process() is not None:  # a worker process (not a test's in-process worker)
+        # Every row and the run's record are on disk (written whole, then renamed). Skip the
+        # interpreter's teardown: Arrow's thread pools can abort there ("terminate called
+        # without an active exception", apache/arrow#34314), which would report a finished
+        # worker as failed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _part(out: Path, k: int) -> Path:

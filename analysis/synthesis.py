@@ -336,6 +336,126 @@ def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict
     return pd.DataFrame(rows)
 
 
+# --- the targets the project set for the compute-bound kernels ---------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target set for a fused kernel where the math is heavy (the tracker's issue 14), checked
+    against the data: `goal` is a number of `unit` or an implementation, whose own figure at the
+    configuration is then the goal. Units: "ms" (device time, at most), "ms a call" (the
+    per-call median, host included, at most), "TFLOP/s" (over the device time, at least)."""
+    family: str
+    label: str
+    where: dict
+    goal: float | str
+    unit: str
+
+
+_SMV = dict(batch=16, d1=2048, d2=8192, d3=512)
+_ATTN = dict(dtype="float16", batch=4, seq=4096, causal=False)
+TARGETS = (
+    Target("softmax_matmul", "softmax(X) @ V 16 × 2048 × 8192 × 512, fp16",
+           dict(_SMV, precision="float16"), 0.50, "ms"),
+    Target("softmax_matmul", "softmax(X) @ V, the same, TF32", dict(_SMV, precision="tf32"),
+           1.00, "ms"),
+    Target("softmax_matmul", "softmax(X) @ V, the same, IEEE fp32", dict(_SMV, precision="ieee"),
+           5.9, "ms"),
+    Target("matmul_softmax", "matmul + softmax 16384 × 4096 × 4096, fp16",
+           dict(m=16384, k=4096, n=4096, precision="float16"), 0.90, "ms"),
+    Target("matmul_softmax", "matmul + softmax 8192 × 4096 × 1024, fp16",
+           dict(m=8192, k=4096, n=1024, precision="float16"), 0.105, "ms a call"),
+    Target("matmul_softmax", "matmul + softmax 4096 × 1024 × 128256 (vocabulary), fp16",
+           dict(m=4096, k=1024, n=128256, precision="float16"), 2.6, "ms"),
+    Target("linear_act", "linear + GELU 4096³, TF32",
+           dict(m=4096, k=4096, n=4096, precision="tf32", activation="gelu"), 0.41, "ms"),
+    Target("linear_act", "linear + GELU 8192³, fp16",
+           dict(m=8192, k=8192, n=8192, precision="float16", activation="gelu"),
+           "torch_compile", "ms"),
+    Target("linear_act", "linear + GELU 8192³, bf16",
+           dict(m=8192, k=8192, n=8192, precision="bfloat16", activation="gelu"),
+           "torch_compile", "ms"),
+    Target("attention", "attention fwd B4 H16 S4096 d128, fp16",
+           dict(_ATTN, heads=16, head_dim=128), 560.0, "TFLOP/s"),
+    Target("attention", "attention fwd, the same, causal",
+           dict(_ATTN, heads=16, head_dim=128, causal=True),
+           470.0, "TFLOP/s"),
+    Target("attention", "attention fwd B4 H32 S4096 d64, fp16",
+           dict(_ATTN, heads=32, head_dim=64), "sdpa_cudnn", "TFLOP/s"),
+    Target("attention", "attention fwd d64, the same, causal",
+           dict(_ATTN, heads=32, head_dim=64, causal=True),
+           "sdpa_cudnn", "TFLOP/s"),
+)
+
+
+def _figure(sel: pd.DataFrame, unit: str) -> dict:
+    """impl -> its figure at one configuration in `unit` (the best of its rows)."""
+    if unit == "ms a call":
+        return sel.dropna(subset=["ms_median"]).groupby("impl")["ms_median"].min().to_dict()
+    sel = sel.assign(t=device_time(sel)).dropna(subset=["t"])
+    if unit == "ms":
+        return sel.groupby("impl")["t"].min().to_dict()
+    return (sel["flops_model"] / sel["t"] / 1e9).groupby(sel["impl"]).max().to_dict()
+
+
+def target_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per TARGETS entry: the goal, the fused kernel's figure, the best other
+    implementation's, and whether the goal is met (None where the data lacks the fused row or
+    the implementation named as the goal)."""
+    rows = []
+    for t in TARGETS:
+        df = frames.get(t.family)
+        fig = _figure(_select(df, t.where), t.unit) if df is not None and len(df) else {}
+        ours = fig.get("triton_fused", np.nan)
+        goal = fig.get(t.goal, np.nan) if isinstance(t.goal, str) else t.goal
+        at_least = t.unit == "TFLOP/s"
+        others = {k: v for k, v in fig.items() if k != "triton_fused" and k != "cublas"}
+        best = (max if at_least else min)(others, key=others.get) if others else None
+        met = None if ours != ours or goal != goal else bool(ours >= goal if at_least
+                                                              else ours <= goal)
+        rows.append(dict(target=t.label, family=t.family, unit=t.unit,
+                         goal_impl=t.goal if isinstance(t.goal, str) else None, goal=goal,
+                         fused=ours, best_other=best,
+                         best_other_value=others[best] if best else np.nan, met=met))
+    return pd.DataFrame(rows)
+
+
+def target_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The targets as the chapter shows them: the goal with its unit (and the implementation it
+    is taken from), the fused kernel's figure, the best other one, met or not."""
+    def num(v, unit):
+        return "—" if v != v else (f"{v:.0f}" if unit == "TFLOP/s" else f"{v:.3g}")
+
+    goals = []
+    for r in table.itertuples():
+        sign = "≥" if r.unit == "TFLOP/s" else "≤"
+        named = f"{R.IMPL_LABEL.get(r.goal_impl, r.goal_impl)}'s " if r.goal_impl else ""
+        goals.append(f"{sign} {named}{num(r.goal, r.unit)} {r.unit}")
+    return pd.DataFrame({
+        "target": table["target"],
+        "goal": goals,
+        "Triton fused": [num(v, u) for v, u in zip(table["fused"], table["unit"])],
+        "best other": ["—" if b is None else f"{num(v, u)} ({SHORT_LABEL.get(b, b)})"
+                       for b, v, u in zip(table["best_other"], table["best_other_value"],
+                                          table["unit"])],
+        "met": ["no data" if m is None else "yes" if m else "no" for m in table["met"]],
+    })
+
+
+def target_findings(table: pd.DataFrame) -> dict:
+    """What the chapter says of the targets: how many are met, and each miss by how much."""
+    known = table[table["met"].notna()]
+    missed = known[~known["met"].astype(bool)]
+
+    def by(r):
+        ratio = r.goal / r.fused if r.unit == "TFLOP/s" else r.fused / r.goal
+        return f"{r.target} ({ratio:.2f}× the goal's {'time' if r.unit != 'TFLOP/s' else 'rate'})"
+
+    return dict(met=int(known["met"].astype(bool).sum()), known=len(known),
+                no_data=len(table) - len(known),
+                missed="; ".join(by(r) for r in missed.itertuples()) or "none")
+
+
 # --- the launch half: per-call cost at tiny sizes (launch_cost.csv) ------------------------------
 
 LAUNCH_IMPLS = {"torch_eager": "eager", "torch_compile": "compile", "triton_unfused": "unfused", "triton_fused": "fused", "public": "kernels.*",

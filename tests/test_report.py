@@ -419,3 +419,32 @@ def test_several_results_folders(tmp_path, monkeypatch):
         if cell.options.get("label") == "tbl-gpus":
             assert "H200" in value._repr_markdown_()
     plt.close("all")
+
+
+def test_targets_are_checked_against_the_data():
+    """Each target gets the fused kernel's figure at its configuration and is met exactly when
+    that figure is on the right side of the goal; a configuration without a fused row says so
+    instead of passing or failing."""
+    from triton_fusion_report.analysis import synthesis as S
+
+    frames = {name: R.load(R.REFERENCE, name) for name in S.FAMILY_LABEL}
+    table = S.target_table(frames)
+    assert len(table) == len(S.TARGETS) and table["met"].notna().all()
+    for r in table.itertuples():
+        assert r.met == (r.fused >= r.goal if r.unit == "TFLOP/s" else r.fused <= r.goal)
+    # softmax(X) @ V fp16 at half the goal's time is met; without its fused row, no data.
+    first = S.TARGETS[0]
+    df = frames[first.family].copy()
+    at = (df["impl"] == "triton_fused") & (df["sweep"] == "size")
+    for k, v in first.where.items():
+        at &= df[k] == v
+    assert at.sum() >= 1
+    df.loc[at, ["ms_device", "ms_median"]] = first.goal / 2
+    met = S.target_table({**frames, first.family: df})
+    assert bool(met["met"].iloc[0]) and met["fused"].iloc[0] == pytest.approx(first.goal / 2)
+    gone = S.target_table({**frames, first.family: df[~at]})
+    assert gone["met"].iloc[0] is None
+    assert S.target_display(gone)["met"].iloc[0] == "no data"
+    said = S.target_findings(gone)
+    assert said["no_data"] == 1 and said["known"] == len(S.TARGETS) - 1
+    assert first.label not in said["missed"]

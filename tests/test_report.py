@@ -447,4 +447,6 @@ def test_targets_are_checked_against_the_data():
     assert S.target_display(gone)["met"].iloc[0] == "no data"
     said = S.target_findings(gone)
     assert said["no_data"] == 1 and said["known"] == len(S.TARGETS) - 1
-    assert first.label not in said["missed"]
+    assert said["met"] + said["missed"] == said["known"] and first.label not in said["misses"]
+    assert S.target_findings(met)["missed"] == S.target_findings(table)["missed"] - (
+        not table["met"].iloc[0])

@@ -275,32 +275,43 @@ def autograd_thread_slowdown(host) -> tuple[float, float]:
 
 # --- softmax(X) @ V and attention ------------------------------------------------------------------
 
+def _device_ms(rows):
+    """rows with `t`: the device time (ms) where measured, else the per-call median, as the
+    chapters' tables show it."""
+    return rows.assign(t=rows["ms_device"].fillna(rows["ms_median"]) if "ms_device" in rows
+                       else rows["ms_median"])
+
+
 def softmax_matmul_findings(df) -> dict:
-    """The values the chapter quotes at the largest d2: time and peak memory per precision."""
-    rows = R.ok_rows(df)
+    """The values the chapter quotes at the largest d2: device time (ms) and peak memory per
+    precision."""
+    rows = _device_ms(R.ok_rows(df))
     d2 = int(rows["d2"].max())
     out = {}
     for precision in ("ieee", "tf32", "float16"):
         at = rows[(rows["precision"] == precision) & (rows["d2"] == d2)]
-        out[precision] = dict(eager=R.value_at(at, "torch_eager"), fused=R.value_at(at, "triton_fused"),
-                              compile=R.value_at(at, "torch_compile"),
-                              unfused=R.value_at(at, "triton_unfused"),
+        out[precision] = dict(eager=R.value_at(at, "torch_eager", "t"),
+                              fused=R.value_at(at, "triton_fused", "t"),
+                              compile=R.value_at(at, "torch_compile", "t"),
+                              unfused=R.value_at(at, "triton_unfused", "t"),
                               peak_fused=R.value_at(at, "triton_fused", "peak_mib"),
                               peak_eager=R.value_at(at, "torch_eager", "peak_mib"),
-                              fastest=(at.loc[at["ms_median"].idxmin(), "impl"]
-                                       if at["ms_median"].notna().any() else None))
+                              fastest=(at.loc[at["t"].idxmin(), "impl"]
+                                       if at["t"].notna().any() else None))
     sample = rows.iloc[0]
     out_mib = sample["batch"] * sample["d1"] * sample["d3"] * 4 / 2**20
     return dict(d2=d2, out_mib=out_mib, **out)
 
 
 def attention_findings(df) -> dict:
-    """TFLOP/s per impl at head_dim 128, seq 4096 (causal and not), and peak memory."""
-    rows = R.ok_rows(df)
+    """TFLOP/s (over device time) per impl at head_dim 128, seq 4096 (causal and not), and peak
+    memory."""
+    rows = _device_ms(R.ok_rows(df))
+    rows = rows.assign(t=rows["flops_model"] / rows["t"] / 1e9)
     out = {}
     for causal in (False, True):
         at = rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096) & (rows["causal"] == causal)]
-        out[causal] = {impl: R.value_at(at, impl, "tflops") for impl in at["impl"].unique()}
+        out[causal] = {impl: R.value_at(at, impl, "t") for impl in at["impl"].unique()}
     naive = df[df["impl"] == "torch_eager"]
     from .attention import NAIVE_IN_INPUT_DTYPE
 
@@ -340,18 +351,27 @@ def matmul_softmax_findings(df, copy_bw: float) -> dict:
     return dict(floor_ms=floor_ms, at=at)
 
 
+def _device_tflops(sel, impl: str) -> float:
+    """impl's TFLOP/s over its device time (the per-call median where the row has none)."""
+    ms = R.value_at(sel, impl, "ms_device")
+    if ms != ms:
+        ms = R.value_at(sel, impl, "ms_median")
+    return R.value_at(sel, impl, "flops_model") / ms / 1e9
+
+
 def linear_act_findings(df) -> dict:
-    """TFLOP/s of linear + GELU at 8192 cubed, float16; ms of the largest TF32 shape."""
+    """TFLOP/s (over device time) of linear + GELU at 8192 cubed, float16; ms of the largest TF32
+    shape."""
     rows = R.ok_rows(df)
     sel = rows[(rows["dtype"] == "float16") & (rows["m"] == LINEAR[0]) & (rows["activation"] == "gelu")]
     tf32 = rows[(rows["precision"] == "tf32") & (rows["activation"] == "gelu")]
     tf32_m = int(tf32["m"].max()) if len(tf32) else 0
     tf32 = tf32[tf32["m"] == tf32_m]
-    return dict(fused_tflops=R.value_at(sel, "triton_fused", "tflops"),
-                unfused_tflops=R.value_at(sel, "triton_unfused", "tflops"),
-                compile_tflops=R.value_at(sel, "torch_compile", "tflops"),
-                cublas_tflops=R.value_at(sel, "cublas", "tflops"),
-                eager_tflops=R.value_at(sel, "torch_eager", "tflops"),
+    return dict(fused_tflops=_device_tflops(sel, "triton_fused"),
+                unfused_tflops=_device_tflops(sel, "triton_unfused"),
+                compile_tflops=_device_tflops(sel, "torch_compile"),
+                cublas_tflops=_device_tflops(sel, "cublas"),
+                eager_tflops=_device_tflops(sel, "torch_eager"),
                 # Device µs of the 8192-cubed float16 rows: where the fused kernel's time over
                 # cuBLAS's plain matmul goes (our matmul: unfused pair - eager, the same two steps
                 # on another matmul; the epilogue: fused - unfused).

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
 from . import report as R
 from . import traffic
@@ -104,7 +105,8 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
             flops = traffic.attention_flops(r.batch, r.heads, r.seq, r.head_dim, False)
         elif family == "matmul_softmax":
             u = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_unfused")
-            f = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_fused")
+            f = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_fused",
+                                               *_fused_method(df, where))
             label = f"{r.precision}, {r.m} × {r.k} × {r.n}"
             flops = traffic.matmul_softmax_flops(r.m, r.k, r.n)
         else:
@@ -114,6 +116,26 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
             flops = 2 * r.m * r.k * r.n
         out.append(Case(family, label, where, u, f, flops))
     return out
+
+
+def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
+    """(method, K slices) that matmul+softmax's fused kernel ran at a configuration (the row's
+    variant; split_k's slices as its plan takes them on the row's GPU), for the traffic model:
+    two passes over the logits move what the unfused pair does. (None, 1) without a fused row."""
+    from ..kernels import softmax_regression as sr
+
+    fused = _select(df, where)
+    fused = fused[fused["impl"] == "triton_fused"]
+    if not len(fused) or fused["variant"].iloc[0] not in sr.METHODS:
+        return None, 1
+    r = fused.iloc[0]
+    if r["variant"] != sr.SPLIT_K:
+        return r["variant"], 1
+    dtype = {"float32": torch.float32, "float16": torch.float16,
+             "bfloat16": torch.bfloat16}[r["dtype"]]
+    plan = sr.matmul_softmax_plan(int(r["m"]), int(r["k"]), int(r["n"]), dtype,
+                                  method=sr.SPLIT_K, sm_count=int(r["sm_count"]))
+    return sr.SPLIT_K, plan.splits
 
 
 def _select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
@@ -149,6 +171,26 @@ def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame)
                              measured=t["triton_unfused"] / t["triton_fused"],
                              fused_ms=t["triton_fused"]))
     return pd.DataFrame(rows, columns=["family", "case", "predicted", "measured", "fused_ms"])
+
+
+def model_fit(pvm: pd.DataFrame) -> dict:
+    """How the measured speedups sit against the model's: how many within a quarter of it, and
+    those below (measured under 0.8 of predicted) and above (over 1.25): how many, per family,
+    and the farthest, with its ratio."""
+    ratio = pvm["measured"] / pvm["predicted"] if len(pvm) else pd.Series(dtype=float)
+
+    def describe(sel, farthest):
+        if not len(sel):
+            return "none"
+        counts = sel.groupby("family").size().sort_values(ascending=False)
+        r = sel.loc[farthest(ratio[sel.index])]
+        return (f"{len(sel)} ({', '.join(f'{FAMILY_LABEL[k]} {n}' for k, n in counts.items())};"
+                f" the farthest {FAMILY_LABEL[r['family']]} {r['case']} at "
+                f"{r['measured'] / r['predicted']:.2f}×)")
+
+    return dict(close=int(ratio.between(0.8, 1.25).sum()),
+                below=describe(pvm[ratio < 0.8], pd.Series.idxmin),
+                above=describe(pvm[ratio > 1.25], pd.Series.idxmax))
 
 
 # The size each family is summed up at: its largest configuration of the kind the chapter

@@ -192,14 +192,17 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
     """Where the data come from, for the report's first page: the latest run in the folder
     (`runs` counts them; each family's chapter names its own run)."""
     row = limits.sort_values("run_id").iloc[-1]
+    # The runs the data rows come from (limits also hold runs that measured nothing else).
+    rows = family_rows(results)
+    rows = rows[["run_id", "started_at"]] if {"run_id", "started_at"} <= set(rows) else rows.iloc[:0]
     return dict(
         gpu=row["gpu"], date=str(row["started_at"])[:10], started_at=row["started_at"],
         torch=row["torch"], triton=row["triton"], cuda=row["cuda"], commit=row["git_commit"],
         run_id=row["run_id"], folder=str(Path(results).resolve().relative_to(ROOT))
         if Path(results).resolve().is_relative_to(ROOT) else str(results),
         is_reference=Path(results).resolve().is_relative_to(REFERENCE.parent.resolve()),
-        runs=int(limits["run_id"].nunique()),
-        first_date=str(limits["started_at"].min())[:10],
+        runs=int(rows["run_id"].nunique()) if len(rows) else int(limits["run_id"].nunique()),
+        first_date=str((rows if len(rows) else limits)["started_at"].min())[:10],
     )
 
 

@@ -375,7 +375,10 @@ def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict
             row[f"{R.IMPL_LABEL.get(impl, impl)} %"] = (100 * floor / t.get(impl, np.nan)
                                                        if len(sel) else np.nan)
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # An implementation these data never ran here gets no column of dashes.
+    empty = [c for c in table.columns if c.endswith(" %") and table[c].isna().all()]
+    return table.drop(columns=empty) if len(table) and len(empty) < len(impls) else table
 
 
 # --- the targets the project set for the compute-bound kernels ---------------------------------

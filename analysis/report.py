@@ -191,10 +191,14 @@ def run_of(df: pd.DataFrame) -> str:
 def provenance(results: Path, limits: pd.DataFrame) -> dict:
     """Where the data come from, for the report's first page: the latest run in the folder
     (`runs` counts them; each family's chapter names its own run)."""
-    row = limits.sort_values("run_id").iloc[-1]
-    # The runs the data rows come from (limits also hold runs that measured nothing else).
+    # The runs the folder's own data rows come from (`limits` also holds the reference's runs,
+    # and runs that measured nothing else); the latest of them describes the data.
     rows = family_rows(results)
     rows = rows[["run_id", "started_at"]] if {"run_id", "started_at"} <= set(rows) else rows.iloc[:0]
+    own = pd.read_parquet(Path(results) / "limits.parquet")
+    with_rows = own[own["run_id"].isin(set(rows["run_id"]))]
+    row = (with_rows if len(with_rows) else own if len(own) else limits).sort_values(
+        "run_id").iloc[-1]
     return dict(
         gpu=row["gpu"], date=str(row["started_at"])[:10], started_at=row["started_at"],
         torch=row["torch"], triton=row["triton"], cuda=row["cuda"], commit=row["git_commit"],

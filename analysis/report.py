@@ -289,6 +289,47 @@ def mixture_note(results: Path) -> "Markdown":
                     "runs also compare different code; the methods chapter lists the runs.\n:::")
 
 
+def stale_kernels(results: Path) -> dict:
+    """The families whose Triton rows were measured with other kernel sources than this
+    checkout's (`changed`: a recorded kernel hash differs from `machine.kernel_hash` now), and
+    those whose rows record none (`unrecorded`: measured before the hash was recorded)."""
+    from . import machine
+
+    rows = family_rows(results)
+    changed, unrecorded = [], []
+    if len(rows) and "family" in rows:
+        triton = rows[rows["impl"].astype(str).str.startswith("triton")]
+        for family, g in triton.groupby("family"):
+            if family not in machine.FAMILY_KERNELS:
+                continue
+            hashes = set(g["kernel_hash"].dropna()) if "kernel_hash" in g else set()
+            if not hashes:
+                unrecorded.append(family)
+            elif hashes != {machine.kernel_hash(family)}:
+                changed.append(family)
+    return dict(changed=sorted(changed), unrecorded=sorted(unrecorded))
+
+
+def stale_note(results: Path) -> "Markdown":
+    """The first page's note where the data's Triton rows did not run this checkout's kernels
+    (empty otherwise)."""
+    s = stale_kernels(results)
+    parts = []
+    if s["changed"]:
+        parts.append("the Triton rows of " + ", ".join(s["changed"]) + " were measured with "
+                     "other kernel sources than this checkout's (their recorded kernel hashes "
+                     "differ)")
+    if s["unrecorded"]:
+        parts.append("those of " + ", ".join(s["unrecorded"]) + " record no kernel hash "
+                     "(measured before it was recorded)")
+    if not parts:
+        return Markdown("")
+    text = "; ".join(parts)
+    return Markdown("::: {.callout-warning}\n## These data predate this checkout's kernels\n"
+                    + text[:1].upper() + text[1:] + ". Their figures describe the kernels that "
+                    "ran then; `make bench` measures this checkout's.\n:::")
+
+
 def gpu_states(results: Path) -> pd.DataFrame:
     """One line per run in the folder's runs.parquet: the GPU's state at its start and end."""
     path = Path(results) / "runs.parquet"

@@ -450,3 +450,24 @@ def test_targets_are_checked_against_the_data():
     assert said["met"] + said["missed"] == said["known"] and first.label not in said["misses"]
     assert S.target_findings(met)["missed"] == S.target_findings(table)["missed"] - (
         not table["met"].iloc[0])
+
+
+def test_stale_note_names_families_measured_with_other_kernels(tmp_path):
+    """The first page says which families' Triton rows ran kernel sources other than this
+    checkout's, and which record none; rows of the current sources raise no note."""
+    from triton_fusion_report.analysis import machine
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    _one_clean_run(R.REFERENCE, folder, ["elementwise.parquet", "limits.parquet"])
+    assert R.stale_kernels(folder) == dict(changed=["elementwise"], unrecorded=[])
+    note = str(R.stale_note(folder))
+    assert "predate this checkout's kernels" in note and "elementwise" in note
+    df = pd.read_parquet(folder / "elementwise.parquet")
+    df["kernel_hash"] = machine.kernel_hash("elementwise")
+    df.to_parquet(folder / "elementwise.parquet")
+    assert R.stale_kernels(folder) == dict(changed=[], unrecorded=[])
+    assert str(R.stale_note(folder)) == ""
+    df["kernel_hash"] = None
+    df.to_parquet(folder / "elementwise.parquet")
+    assert R.stale_kernels(folder)["unrecorded"] == ["elementwise"]

@@ -275,17 +275,11 @@ def autograd_thread_slowdown(host) -> tuple[float, float]:
 
 # --- softmax(X) @ V and attention ------------------------------------------------------------------
 
-def _device_ms(rows):
-    """rows with `t`: the device time (ms) where measured, else the per-call median, as the
-    chapters' tables show it."""
-    return rows.assign(t=rows["ms_device"].fillna(rows["ms_median"]) if "ms_device" in rows
-                       else rows["ms_median"])
-
-
 def softmax_matmul_findings(df) -> dict:
     """The values the chapter quotes at the largest d2: device time (ms) and peak memory per
     precision."""
-    rows = _device_ms(R.ok_rows(df))
+    rows = R.ok_rows(df)
+    rows = rows.assign(t=synthesis.device_time(rows))
     d2 = int(rows["d2"].max())
     out = {}
     for precision in ("ieee", "tf32", "float16"):
@@ -306,8 +300,8 @@ def softmax_matmul_findings(df) -> dict:
 def attention_findings(df) -> dict:
     """TFLOP/s (over device time) per impl at head_dim 128, seq 4096 (causal and not), and peak
     memory."""
-    rows = _device_ms(R.ok_rows(df))
-    rows = rows.assign(t=rows["flops_model"] / rows["t"] / 1e9)
+    rows = R.ok_rows(df)
+    rows = rows.assign(t=rows["flops_model"] / synthesis.device_time(rows) / 1e9)
     out = {}
     for causal in (False, True):
         at = rows[(rows["head_dim"] == 128) & (rows["seq"] == 4096) & (rows["causal"] == causal)]
@@ -351,14 +345,6 @@ def matmul_softmax_findings(df, copy_bw: float) -> dict:
     return dict(floor_ms=floor_ms, at=at)
 
 
-def _device_tflops(sel, impl: str) -> float:
-    """impl's TFLOP/s over its device time (the per-call median where the row has none)."""
-    ms = R.value_at(sel, impl, "ms_device")
-    if ms != ms:
-        ms = R.value_at(sel, impl, "ms_median")
-    return R.value_at(sel, impl, "flops_model") / ms / 1e9
-
-
 def linear_act_findings(df) -> dict:
     """TFLOP/s (over device time) of linear + GELU at 8192 cubed, float16; ms of the largest TF32
     shape."""
@@ -367,11 +353,12 @@ def linear_act_findings(df) -> dict:
     tf32 = rows[(rows["precision"] == "tf32") & (rows["activation"] == "gelu")]
     tf32_m = int(tf32["m"].max()) if len(tf32) else 0
     tf32 = tf32[tf32["m"] == tf32_m]
-    return dict(fused_tflops=_device_tflops(sel, "triton_fused"),
-                unfused_tflops=_device_tflops(sel, "triton_unfused"),
-                compile_tflops=_device_tflops(sel, "torch_compile"),
-                cublas_tflops=_device_tflops(sel, "cublas"),
-                eager_tflops=_device_tflops(sel, "torch_eager"),
+    sel = sel.assign(device_tflops=sel["flops_model"] / synthesis.device_time(sel) / 1e9)
+    return dict(fused_tflops=R.value_at(sel, "triton_fused", "device_tflops"),
+                unfused_tflops=R.value_at(sel, "triton_unfused", "device_tflops"),
+                compile_tflops=R.value_at(sel, "torch_compile", "device_tflops"),
+                cublas_tflops=R.value_at(sel, "cublas", "device_tflops"),
+                eager_tflops=R.value_at(sel, "torch_eager", "device_tflops"),
                 # Device µs of the 8192-cubed float16 rows: where the fused kernel's time over
                 # cuBLAS's plain matmul goes (our matmul: unfused pair - eager, the same two steps
                 # on another matmul; the epilogue: fused - unfused).

@@ -53,18 +53,22 @@ WIDE_PATHS = ("online", "coop")
 
 
 def default_tile(df, path: str):
-    """The tile the default plan gives a softmax path: the block of its default-sweep rows."""
-    rows = df[(df["sweep"] == "size") & (df["variant"] == path) & (df["status"] == "ok")]
+    """The tile the default plan gives a float32 softmax path: the block of its default-sweep
+    rows (16-bit rows take other tiles)."""
+    rows = df[(df["sweep"] == "size") & (df["variant"] == path) & (df["status"] == "ok")
+              & (df["dtype"] == "float32")]
     return int(rows["block"].mode().iloc[0]) if len(rows) else None
 
 
 def widest_online(df):
     """The widest float32 row the default plan sends down the online path."""
-    rows = df[(df["sweep"] == "size") & (df["variant"] == "online") & (df["dtype"] == "float32")]
+    rows = R.main_rows(df)
+    rows = rows[(rows["sweep"] == "size") & (rows["variant"] == "online")
+                & (rows["dtype"] == "float32")]
     return int(rows["width"].max()) if len(rows) else R.MISSING
 
 def softmax_findings(df, copy_bw: float) -> dict:
-    rows = R.ok_rows(df)
+    rows = R.main_rows(R.ok_rows(df))
     fp32 = rows[(rows["dtype"] == "float32")]
     widths = sorted(fp32["width"].unique())
     gbps = {w: R.value_at(fp32, "triton_fused", "gbps", width=w) for w in widths}
@@ -89,8 +93,9 @@ def softmax_findings(df, copy_bw: float) -> dict:
 def _softmax_wide_paths(df, widest_one_pass: int):
     """float32 rows past the one-pass limit: TB/s of the online and coop paths at their default
     tiles and warps (wherever measured: as the default or beside it), and which one is default."""
-    ok = df[(df["status"] == "ok") & (df["dtype"] == "float32") & (df["impl"] == "triton_fused")
-            & (df["width"] > widest_one_pass)]
+    ok = R.main_rows(df)
+    ok = ok[(ok["status"] == "ok") & (ok["dtype"] == "float32") & (ok["impl"] == "triton_fused")
+            & (ok["width"] > widest_one_pass)]
     out = []
     for w, g in ok.groupby("width"):
         row = {"width": int(w)}
@@ -187,7 +192,7 @@ def _untimed_reason(bwd) -> str:
 def _softmax_backward_values(timed, copy_bw: float) -> dict:
     """float32: the fused kernel's bandwidth per width, its best width, its speed over each
     baseline there (their device time over its own), and at the widest row the same over unfused."""
-    fp32 = timed[timed["dtype"] == "float32"]
+    fp32 = R.main_rows(timed[timed["dtype"] == "float32"])
     fused = fp32[fp32["impl"] == "triton_fused"]
     gbps = dict(zip(fused["width"].astype(int), fused["bytes_model"] / fused["t"] / 1e6))
     best = max(gbps, key=gbps.get)
@@ -229,7 +234,7 @@ def _softmax_backward_sentence(f: dict) -> str:
 def layernorm_findings(df) -> dict:
     """The values the chapter's prose quotes: half precision forward at the narrowest and widest
     rows, backward ratios per call and on the GPU side (device time)."""
-    rows = R.ok_rows(df)
+    rows = R.main_rows(R.ok_rows(df))
     fwd = rows[(rows["direction"] == "fwd") & (rows["dtype"] == "float16")]
     bwd = rows[rows["direction"] == "bwd"]
     wide = int(fwd["width"].max())
@@ -366,3 +371,53 @@ def linear_act_findings(df) -> dict:
                    for impl in ("triton_fused", "triton_unfused", "torch_eager", "cublas")},
                 tf32_m=tf32_m, **{f"tf32_{impl}_ms": R.value_at(tf32, impl, "ms_median")
                                   for impl in ("triton_fused", "cublas", "torch_compile")})
+
+
+def user_shapes(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The reduction shapes users meet first, apart from the power-of-two width sweeps: a width
+    that is not a power of two (a vocabulary, 50257; a hidden size, 5120) or a few rows (decoding,
+    where the softmax's split path runs). One row per (op, dtype, rows, width): the fused kernel's
+    path and device time (µs), the fastest other implementation (our unfused pair excluded: the
+    libraries and PyTorch) with its time, and that time over ours (> 1: ours is faster).
+    `frames`: label -> a family's rows (all ops)."""
+    out = []
+    for label, df in frames.items():
+        ok = df[(df["sweep"] == "size") & (df["status"] == "ok")] if len(df) else df
+        if not len(ok):
+            continue
+        odd = (ok["width"].astype(int) & (ok["width"].astype(int) - 1)) != 0
+        ok = ok[odd | (ok["rows"] != ok["rows"].max())].assign(t=synthesis.device_time)
+        for (op, dtype, rows, width), g in ok.groupby(["op", "dtype", "rows", "width"], sort=False):
+            if g["impl"].duplicated().any():
+                raise R.AmbiguousRows(f"{label} {op} {dtype} {rows}x{width}: several rows per impl")
+            t = g.set_index("impl")["t"].dropna()
+            others = t.drop(["triton_fused", "triton_unfused"], errors="ignore")
+            if "triton_fused" not in t or not len(others):
+                continue
+            best = others.idxmin()
+            fused = g[g["impl"] == "triton_fused"].iloc[0]
+            path = fused["variant"] if isinstance(fused["variant"], str) else "—"
+            out.append({"op": f"{label} {'bwd' if 'bwd' in op else 'fwd'}, {dtype}",
+                        "shape": f"{int(rows)}×{int(width)}",
+                        "path": path, "ours µs": 1e3 * t["triton_fused"],
+                        "fastest other": R.IMPL_LABEL.get(best, best),
+                        "its µs": 1e3 * others[best],
+                        "its / ours": others[best] / t["triton_fused"]})
+    return pd.DataFrame(out, columns=["op", "shape", "path", "ours µs", "fastest other",
+                                      "its µs", "its / ours"])
+
+
+def user_shapes_sentence(table: pd.DataFrame) -> str:
+    """The prose under the user-shapes table: how many shapes the fused kernel leads, and where
+    it loses, by how much."""
+    if not len(table):
+        return "These data time none of these shapes; `make bench` on a GPU measures them."
+    wins = table[table["its / ours"] > 1]
+    losses = table[table["its / ours"] <= 1].sort_values("its / ours")
+    text = f"The fused kernel is the fastest at {len(wins)} of these {len(table)} shapes."
+    if len(losses):
+        worst = losses.iloc[0]
+        text += (f" It is behind at {len(losses)}: the farthest is {worst['op']} at "
+                 f"{worst['shape']}, where {worst['fastest other']} takes "
+                 f"{R.md(worst['its / ours'], '.2f')}× our time.")
+    return text

@@ -419,12 +419,32 @@ def trial_spread(df: pd.DataFrame, split_ms: float = 0.05) -> dict:
     return out
 
 
+def main_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """A reduction family's rows at its largest row count, where the width sweeps run (4096 in
+    the grid); the few-row shapes (e.g. 8 x 50257) are other problems, shown apart. Frames
+    without a `rows` column pass through."""
+    if "rows" not in df or not len(df):
+        return df
+    return df[df["rows"] == df["rows"].max()]
+
+
+def few_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a reduction family that `main_rows` leaves out."""
+    if "rows" not in df or not len(df):
+        return df.iloc[:0]
+    return df[df["rows"] != df["rows"].max()]
+
+
 def ok_rows(df: pd.DataFrame, sweep: str = "size") -> pd.DataFrame:
     return df[(df["status"] == "ok") & (df["sweep"] == sweep)]
 
 
 def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
     """Implementations as columns, in the report's order."""
+    keys = [index] if isinstance(index, str) else list(index)
+    if df.duplicated(keys + ["impl"]).any():
+        raise AmbiguousRows(f"pivot on {keys}: several rows per implementation; add the shape "
+                            "column that tells them apart")
     p = df.pivot_table(index=index, columns="impl", values=value, aggfunc="first")
     return p[[c for c in IMPL_ORDER if c in p.columns] + [c for c in p.columns if c not in IMPL_ORDER]]
 
@@ -535,6 +555,12 @@ def _tolerant(value):
     return value
 
 
+class AmbiguousRows(Exception):
+    """A selection meant to pick one configuration matched several: a report bug (e.g. a width
+    measured at two row counts), never read as "not measured". Deliberately not a ValueError,
+    which `findings_or_missing` takes for missing data."""
+
+
 def findings_or_missing(findings, *args, **kwargs):
     """`findings(*args)` with every dict in it reading absent keys as MISSING, or MISSING where
     the data lacks a configuration it reads (KeyError, IndexError: a smoke run's sizes, a family
@@ -572,4 +598,6 @@ def value_at(df: pd.DataFrame, impl: str, column: str = "ms_median", **where) ->
     for k, v in where.items():
         sel = sel[sel[k] == v]
     sel = sel[sel["status"] == "ok"]
+    if len(sel) > 1:  # two shapes (or runs) match: name the one meant rather than take either
+        raise AmbiguousRows(f"value_at({impl!r}, {column!r}, {where}): {len(sel)} rows match")
     return float(sel[column].iloc[0]) if len(sel) else float("nan")

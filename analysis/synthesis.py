@@ -152,9 +152,14 @@ def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
 
 
 def _select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
+    """The size-sweep rows of one configuration: at most one per implementation, else `where`
+    names several shapes (e.g. a width measured at two row counts) and is an error."""
     sel = df[(df["sweep"] == "size") & (df["status"] == "ok")]
     for k, v in where.items():
         sel = sel[sel[k] == v]
+    if len(sel) and sel["impl"].duplicated().any():
+        raise R.AmbiguousRows(f"{where} matches {len(sel)} rows, several per implementation: "
+                         "name every shape column")
     return sel
 
 

@@ -471,3 +471,52 @@ def test_stale_note_names_families_measured_with_other_kernels(tmp_path):
     df["kernel_hash"] = None
     df.to_parquet(folder / "elementwise.parquet")
     assert R.stale_kernels(folder)["unrecorded"] == ["elementwise"]
+
+
+def _with_few_rows(df: pd.DataFrame, rows: int = 8) -> pd.DataFrame:
+    """The reference's softmax rows plus a copy of them at `rows` rows, times halved: one width
+    now measured at two row counts, as the grid's few-row shapes are."""
+    few = df.assign(rows=rows, ms_median=df["ms_median"] / 2, ms_device=df["ms_device"] / 2)
+    return pd.concat([df, few], ignore_index=True)
+
+
+def test_a_width_at_two_row_counts_is_never_read_as_one():
+    """A width measured at 4096 and 8 rows: a selection by width alone raises (it used to take
+    whichever row came first); main_rows keeps the width sweep's rows, few_rows the others, and
+    the chapter's findings read the 4096-row values."""
+    from triton_fusion_report.analysis import findings as F
+    from triton_fusion_report.analysis import synthesis
+
+    sm = R.load(R.REFERENCE, "softmax")
+    both = _with_few_rows(sm)
+    width = int(R.ok_rows(sm)["width"].max())
+    with pytest.raises(R.AmbiguousRows):
+        R.value_at(R.ok_rows(both), "triton_fused", width=width)
+    with pytest.raises(R.AmbiguousRows):
+        synthesis.times_of(both, dict(dtype="float32", width=width))
+    with pytest.raises(R.AmbiguousRows):
+        R.pivot(R.ok_rows(both), ["dtype", "width"])
+    assert set(R.main_rows(both)["rows"]) == {4096}
+    assert set(R.few_rows(both)["rows"]) == {8}
+    copy_bw = R.limit(R.load_limits(R.REFERENCE), "copy_bw", run_id=R.run_of(sm))
+    assert F.softmax_findings(both, copy_bw)["fused_gbps"] == F.softmax_findings(sm, copy_bw)["fused_gbps"]
+
+
+def test_user_shapes_time_the_few_row_and_odd_width_rows():
+    """The few-row copies (8 rows) show up, each with the fused path and the fastest other
+    implementation; the power-of-two widths at the main row count do not."""
+    from triton_fusion_report.analysis import findings as F
+
+    sm = R.load(R.REFERENCE, "softmax")
+    table = F.user_shapes({"softmax": _with_few_rows(sm)})
+    assert len(table) and table["shape"].str.startswith("8×").all()
+    fp32 = R.ok_rows(sm)
+    fp32 = fp32[(fp32["dtype"] == "float32") & (fp32["width"] == fp32["width"].min())]
+    t = fp32.set_index("impl")["ms_device"]
+    others = t.drop(["triton_fused", "triton_unfused"])
+    row = table[table["op"].str.endswith("float32")
+                & (table["shape"] == f"8×{int(fp32['width'].iloc[0])}")].iloc[0]
+    assert row["its / ours"] == pytest.approx(others.min() / t["triton_fused"])
+    assert row["fastest other"] == R.IMPL_LABEL[others.idxmin()]
+    assert "fastest" in F.user_shapes_sentence(table)
+    assert "none" in F.user_shapes_sentence(table.iloc[:0])

@@ -885,3 +885,19 @@ def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monk
     df = pd.read_parquet(out / "softmax.parquet")
     assert len(df) == sum(len(p.variants) for p in problems)
     assert not df.duplicated(["impl", "dtype", "rows", "width", "variant"]).any()
+
+
+def test_failures_are_classified():
+    """A library's refusal of a shape is `unsupported`, not a compile error of ours; an
+    unknown failure of the first call stays `compile_error`."""
+    import torch
+
+    from triton_fusion_report.analysis.sweep import classify
+
+    liger = RuntimeError("Cannot launch Triton kernel since n = 131072 exceeds the recommended "
+                         "Triton blocksize = 65536.")
+    assert classify(liger) == "unsupported"
+    assert classify(RuntimeError("No available kernel. Aborting execution.")) == "unsupported"
+    assert classify(ValueError("head_dim 512")) == "unsupported"
+    assert classify(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert classify(RuntimeError("PassManager::run failed")) == "compile_error"

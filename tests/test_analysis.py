@@ -901,3 +901,59 @@ def test_failures_are_classified():
     assert classify(ValueError("head_dim 512")) == "unsupported"
     assert classify(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "oom"
     assert classify(RuntimeError("PassManager::run failed")) == "compile_error"
+
+
+def _a_finished_run(dst: Path, commit: str = "c" * 40, run_id: str = "20261126T000000Z-abcdef"):
+    """The smoke run's files relabelled as one finished run at one clean commit."""
+    import shutil
+
+    smoke = Path(__file__).parent / "data" / "smoke"
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in smoke.glob("*.parquet"):
+        df = pd.read_parquet(path)
+        df["run_id"], df["git_commit"] = run_id, commit
+        if path.name == "runs.parquet":
+            df["git_clean"] = True
+        df.to_parquet(dst / path.name)
+    shutil.copy(smoke / "limits.parquet", dst / "limits.parquet")
+    lim = pd.read_parquet(dst / "limits.parquet").assign(run_id=run_id, git_commit=commit)
+    lim.to_parquet(dst / "limits.parquet")
+    (dst / "launch_cost.csv").write_text("op,us\nsoftmax,1\n")
+    return dst
+
+
+def test_promote_replaces_the_reference_with_one_clean_run(tmp_path):
+    from triton_fusion_report.analysis import promote
+
+    run = _a_finished_run(tmp_path / "run")
+    into = tmp_path / "ref"
+    into.mkdir()
+    for name in ("softmax.parquet", "old_only.parquet", "host_overhead.csv", "ncu_x_abc.csv"):
+        (into / name).write_text("old")
+    assert promote.problems(run) == []
+    assert promote.main([str(run), str(into)]) == 0
+    names = {p.name for p in into.iterdir()}
+    assert "old_only.parquet" not in names and "host_overhead.csv" not in names
+    assert {"ncu_x_abc.csv", "launch_cost.csv", "softmax.parquet", "runs.parquet"} <= names
+    assert pd.read_parquet(into / "softmax.parquet")["run_id"].unique().tolist() == \
+        ["20261126T000000Z-abcdef"]
+
+
+def test_promote_refuses_a_patchwork(tmp_path):
+    from triton_fusion_report.analysis import promote
+
+    run = _a_finished_run(tmp_path / "run")
+    df = pd.read_parquet(run / "softmax.parquet")
+    df.loc[df.index[0], "run_id"] = "20261125T000000Z-other0"
+    df.to_parquet(run / "softmax.parquet")
+    rec = pd.read_parquet(run / "runs.parquet").assign(status="running", git_clean=False)
+    rec.to_parquet(run / "runs.parquet")
+    (run / "attention.parquet").unlink()
+    why = "\n".join(promote.problems(run))
+    for expected in ("running", "not clean", "attention.parquet is missing", "softmax.parquet: run_id"):
+        assert expected in why
+    into = tmp_path / "ref"
+    into.mkdir()
+    (into / "softmax.parquet").write_text("old")
+    assert promote.main([str(run), str(into)]) == 1
+    assert (into / "softmax.parquet").read_text() == "old"

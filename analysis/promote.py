@@ -1,0 +1,92 @@
+"""`python -m triton_fusion_report.analysis.promote RUN INTO`: make one finished run a reference.
+
+INTO (e.g. `results/reference/h100`) then holds RUN's results alone: RUN's data files (Parquet
+and CSV) are copied in, and INTO's data files that RUN lacks are removed, except the named Nsight
+Compute documents the chapters cite (`ncu_*.csv`, profiles of earlier commits). A patchwork is
+replaced, not kept beside (issue 15). Refused, with every reason, unless RUN is one clean run:
+one finished run record with a clean tree, the sweep's rows of that run id, every Parquet row
+of that commit, and every family of the grid present. `--dry-run` prints what would change.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .__main__ import FAMILIES
+
+DATA_SUFFIXES = (".parquet", ".csv")
+KEPT_DOCUMENTS = "ncu_*.csv"
+
+
+def problems(run: Path) -> list[str]:
+    """Why RUN cannot be a reference (empty: it can)."""
+    records = run / "runs.parquet"
+    if not records.exists():
+        return [f"{run}: no runs.parquet"]
+    rec = pd.read_parquet(records)
+    if len(rec) != 1:
+        return [f"{run}: {len(rec)} run records (a reference is one run)"]
+    r = rec.iloc[0]
+    out = []
+    if r["status"] != "finished":
+        out.append(f"run {r['run_id']} is {r['status']}, not finished")
+    if not bool(r.get("git_clean", False)):
+        out.append(f"run {r['run_id']}: the tree was not clean ({r['git_commit']})")
+    for family in FAMILIES:
+        if not (run / f"{family}.parquet").exists():
+            out.append(f"{family}.parquet is missing")
+    sweep_files = {f"{family}.parquet" for family in FAMILIES} | {"limits.parquet"}
+    for path in sorted(run.glob("*.parquet")):
+        df = pd.read_parquet(path)
+        # The sweep's files are the run's own; the later steps (seed 002, the profile) record
+        # runs of their own, at the same commit.
+        checks = [("git_commit", r["git_commit"])]
+        if path.name in sweep_files:
+            checks.append(("run_id", r["run_id"]))
+        for column, want in checks:
+            if column in df and len(df) and set(df[column].dropna().astype(str)) != {str(want)}:
+                seen = sorted(set(df[column].dropna().astype(str)))
+                out.append(f"{path.name}: {column} {seen}, not {want}")
+    return out
+
+
+def plan(run: Path, into: Path) -> tuple[list[Path], list[Path]]:
+    """The files to copy from RUN and the files of INTO to remove."""
+    copy = sorted(p for p in run.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file())
+    names = {p.name for p in copy}
+    kept = set(into.glob(KEPT_DOCUMENTS)) if into.exists() else set()
+    remove = sorted(p for p in into.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file()
+                    and p.name not in names and p not in kept) if into.exists() else []
+    return copy, remove
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a finished results folder of one run")
+    ap.add_argument("into", type=Path, help="the reference folder to replace")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    why = problems(args.run)
+    if why:
+        print("promote: refused:\n  " + "\n  ".join(why), file=sys.stderr)
+        return 1
+    copy, remove = plan(args.run, args.into)
+    for p in remove:
+        print(f"remove {p}")
+        if not args.dry_run:
+            p.unlink()
+    if not args.dry_run:
+        args.into.mkdir(parents=True, exist_ok=True)
+    for p in copy:
+        print(f"copy {p.name} -> {args.into}")
+        if not args.dry_run:
+            shutil.copy2(p, args.into / p.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -179,7 +179,9 @@ def softmax_backward_table(bwd, limits) -> pd.DataFrame:
     shapes = bwd[["dtype", "rows", "width"]].drop_duplicates()
     cases = {f"{d} {r} × {w}": dict(dtype=d, rows=r, width=w)
              for d, r, w in shapes.itertuples(index=False)}
-    return synthesis.distance_table(bwd, limits, cases, impls=R.IMPL_ORDER).drop(columns="bound by")
+    impls = R.IMPL_ORDER + R.PEERS
+    return (synthesis.distance_table(bwd, limits, cases, impls=impls).drop(columns="bound by", errors="ignore")
+            .rename(columns=R.short_columns(impls)))
 
 
 def _untimed_reason(bwd) -> str:

@@ -29,10 +29,19 @@ IMPL_LABEL = {
     "sdpa_efficient": "SDPA mem-efficient",
     "cublas": "cuBLAS matmul alone",
 }
-# Where a table has many columns (the PDF's page is narrow).
+# Column heads narrow enough for a table of every implementation on a (PDF) page.
 SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
                "torch_compile_max": "max-autotune", "triton_unfused": "unfused",
-               "triton_fused": "fused", "cublas": "cuBLAS alone"}
+               "triton_fused": "fused", "sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN",
+               "sdpa_efficient": "mem-eff.", "cublas": "cuBLAS alone", "cublaslt": "cuBLASLt",
+               "liger": "Liger", "flag_gems": "FlagGems"}
+# The Triton kernel libraries measured beside PyTorch where they have the op (analysis/peers.py).
+PEERS = ["liger", "flag_gems"]
+
+
+def short_columns(impls) -> dict:
+    """Renames a distance table's "<label> %" columns to the short labels."""
+    return {IMPL_LABEL.get(i, i) + " %": SHORT_LABEL.get(i, i) + " %" for i in impls}
 
 
 def results_dirs(results: str | os.PathLike | None = None) -> list[Path]:
@@ -157,7 +166,9 @@ def data_line(**frames: pd.DataFrame) -> "Markdown":
     for name, df in frames.items():
         failed = df[df["status"] != "ok"]
         if len(failed):
-            counts = ", ".join(f"{n} {status}" for status, n in failed["status"].value_counts().items())
+            counts = ", ".join(
+                f"{len(g)} {status} of " + ", ".join(IMPL_LABEL.get(i, i) for i in g["impl"].unique())
+                for status, g in failed.groupby("status"))
             text += (f" {len(failed)} of the {len(df)} {name} rows failed ({counts}): they are "
                      "missing from the figures, and values that need them are shown as —.")
     return Markdown(text)

@@ -328,12 +328,7 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return t
 
 
-# Column heads narrow enough for a table of every implementation on a page.
-SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
-               "torch_compile_max": "max-autotune", "triton_unfused": "unfused",
-               "triton_fused": "fused", "sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN",
-               "sdpa_efficient": "mem-eff.", "cublas": "cuBLAS alone", "cublaslt": "cuBLASLt",
-               "liger": "Liger", "flag_gems": "FlagGems"}
+SHORT_LABEL = R.SHORT_LABEL
 
 
 # A baseline "wins" when our time exceeds its by more than run-to-run noise (rows over 50 us

@@ -399,10 +399,11 @@ def user_shapes(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
             best = others.idxmin()
             fused = g[g["impl"] == "triton_fused"].iloc[0]
             path = fused["variant"] if isinstance(fused["variant"], str) else "—"
-            out.append({"op": f"{label} {'bwd' if 'bwd' in op else 'fwd'}, {dtype}",
+            short_dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+            out.append({"op": f"{label} {'bwd' if 'bwd' in op else 'fwd'} {short_dtype}",
                         "shape": f"{int(rows)}×{int(width)}",
                         "path": path, "ours µs": 1e3 * t["triton_fused"],
-                        "fastest other": R.IMPL_LABEL.get(best, best),
+                        "fastest other": R.SHORT_LABEL.get(best, best),
                         "its µs": 1e3 * others[best],
                         "its / ours": others[best] / t["triton_fused"]})
     return pd.DataFrame(out, columns=["op", "shape", "path", "ours µs", "fastest other",

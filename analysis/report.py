@@ -239,6 +239,31 @@ def family_rows(results: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def bench_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    """Where a sweep's time goes: per family (the `data` column of `family_rows`), the minutes its
+    rows took (each row's wall_s: checking, warm-up, trials, and for torch.compile and the
+    libraries their compiles and autotuning; not the limits or process start-up), and the share
+    of torch.compile's max-autotune rows, of the peer libraries' and of our fused kernels'
+    (their per-shape tuning included). Rows without wall_s (runs before it was recorded) count
+    nowhere; a last row sums the families."""
+    cols = ["family", "rows", "minutes", "max-autotune %", "libraries %", "fused %"]
+    if not len(rows) or "wall_s" not in rows or rows["wall_s"].isna().all():
+        return pd.DataFrame(columns=cols)
+    timed = rows.dropna(subset=["wall_s"])
+
+    def line(name, g):
+        total = g["wall_s"].sum()
+        share = lambda sel: 100 * g.loc[sel, "wall_s"].sum() / total if total else float("nan")
+        return {"family": name, "rows": len(g), "minutes": total / 60,
+                "max-autotune %": share(g["impl"] == "torch_compile_max"),
+                "libraries %": share(g["impl"].isin(PEERS)),
+                "fused %": share(g["impl"] == "triton_fused")}
+
+    out = [line(name, g) for name, g in timed.groupby("data")]
+    out.append(line("all", timed))
+    return pd.DataFrame(out, columns=cols)
+
+
 def mixture(results: Path) -> dict:
     """What a results folder mixes: its commits, whether any run came from a changed tree or
     from outside a git checkout, the families whose Triton rows ran more than one kernel source

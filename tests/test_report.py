@@ -520,3 +520,20 @@ def test_user_shapes_time_the_few_row_and_odd_width_rows():
     assert row["fastest other"] == R.SHORT_LABEL[others.idxmin()]
     assert "fastest" in F.user_shapes_sentence(table)
     assert "none" in F.user_shapes_sentence(table.iloc[:0])
+
+
+def test_bench_cost_sums_the_rows_wall_time():
+    """Minutes per family and the shares of max-autotune, the libraries and our fused rows, from
+    the rows' own wall_s; rows without it count nowhere."""
+    rows = pd.DataFrame({
+        "data": ["a", "a", "a", "b", "b"],
+        "impl": ["torch_compile_max", "liger", "triton_fused", "torch_eager", "triton_fused"],
+        "run_id": ["r"] * 5,
+        "wall_s": [60.0, 30.0, 30.0, 60.0, float("nan")]})
+    cost = R.bench_cost(rows).set_index("family")
+    assert cost.loc["a", "minutes"] == pytest.approx(2.0)
+    assert cost.loc["a", "max-autotune %"] == pytest.approx(50.0)
+    assert cost.loc["a", "libraries %"] == pytest.approx(25.0)
+    assert cost.loc["b", "rows"] == 1 and cost.loc["b", "fused %"] == 0
+    assert cost.loc["all", "minutes"] == pytest.approx(3.0)
+    assert R.bench_cost(rows.assign(wall_s=float("nan"))).empty

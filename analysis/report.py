@@ -451,6 +451,14 @@ def trial_spread(df: pd.DataFrame, split_ms: float = 0.05) -> dict:
         ratio = part["ms_trial_max"] / part["ms_trial_min"]
         out[name] = dict(n=len(part), median=ratio.median() if len(part) else float("nan"),
                          p95=ratio.quantile(0.95) if len(part) else float("nan"))
+    # The op whose long rows spread the most (95th percentile), and the rest without it.
+    long = ok[ok["ms_median"] >= split_ms]
+    long = long.assign(ratio=long["ms_trial_max"] / long["ms_trial_min"])
+    by_op = long.groupby("op")["ratio"].quantile(0.95) if len(long) else pd.Series(dtype=float)
+    if len(by_op) > 1:
+        worst = by_op.idxmax()
+        out["widest"] = dict(op=worst, p95=by_op[worst],
+                             rest_p95=long[long["op"] != worst]["ratio"].quantile(0.95))
     out["trials"] = int(ok["n_trials"].max()) if len(ok) else 0
     return out
 

@@ -537,3 +537,18 @@ def test_bench_cost_sums_the_rows_wall_time():
     assert cost.loc["b", "rows"] == 1 and cost.loc["b", "fused %"] == 0
     assert cost.loc["all", "minutes"] == pytest.approx(3.0)
     assert R.bench_cost(rows.assign(wall_s=float("nan"))).empty
+
+
+def test_trial_spread_names_the_widest_op():
+    """The op whose long rows spread the most is named, with the others' 95th percentile."""
+    n = 40
+    df = pd.DataFrame({
+        "status": "ok", "n_trials": 3, "gpu": "NVIDIA H100", "ms_median": 1.0,
+        "op": ["a"] * n + ["b"] * n,
+        "ms_trial_min": 1.0,
+        "ms_trial_max": [1.01] * n + [2.0] * n})
+    sp = R.trial_spread(df)
+    assert sp["widest"]["op"] == "b"
+    assert sp["widest"]["p95"] == pytest.approx(2.0)
+    assert sp["widest"]["rest_p95"] == pytest.approx(1.01)
+    assert "widest" not in R.trial_spread(df[df["op"] == "a"])

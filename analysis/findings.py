@@ -384,11 +384,12 @@ def user_shapes(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     `frames`: label -> a family's rows (all ops)."""
     out = []
     for label, df in frames.items():
-        ok = df[(df["sweep"] == "size") & (df["status"] == "ok")] if len(df) else df
+        ok = df[(df["sweep"] == "size") & (df["status"] == "ok")].reset_index(drop=True)
         if not len(ok):
             continue
         odd = (ok["width"].astype(int) & (ok["width"].astype(int) - 1)) != 0
-        ok = ok[odd | (ok["rows"] != ok["rows"].max())].assign(t=synthesis.device_time)
+        few = ~ok.index.isin(R.main_rows(ok).index)
+        ok = ok[odd | few].assign(t=synthesis.device_time)
         for (op, dtype, rows, width), g in ok.groupby(["op", "dtype", "rows", "width"], sort=False):
             if g["impl"].duplicated().any():
                 raise R.AmbiguousRows(f"{label} {op} {dtype} {rows}x{width}: several rows per impl")

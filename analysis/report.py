@@ -472,13 +472,6 @@ def main_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["rows"] == df["rows"].max()]
 
 
-def few_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a reduction family that `main_rows` leaves out."""
-    if "rows" not in df or not len(df):
-        return df.iloc[:0]
-    return df[df["rows"] != df["rows"].max()]
-
-
 def ok_rows(df: pd.DataFrame, sweep: str = "size") -> pd.DataFrame:
     return df[(df["status"] == "ok") & (df["sweep"] == sweep)]
 

@@ -516,7 +516,7 @@ def test_user_shapes_time_the_few_row_and_odd_width_rows():
     row = table[table["op"].str.endswith("fp32")
                 & (table["shape"] == f"8×{int(fp32['width'].iloc[0])}")].iloc[0]
     assert row["its / ours"] == pytest.approx(others.min() / t["triton_fused"])
-    assert row["fastest other"] == R.SHORT_LABEL[others.idxmin()]
+    assert row["fastest other"] in (R.IMPL_LABEL[others.idxmin()], "max-autotune")
     assert "fastest" in F.user_shapes_sentence(table)
     assert "none" in F.user_shapes_sentence(table.iloc[:0])
 

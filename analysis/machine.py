@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import hashlib
+import os
 import platform
 import subprocess
 import uuid
@@ -120,6 +121,27 @@ def gpu_state(device: torch.device) -> dict:
     return state
 
 
+def cache_state() -> dict:
+    """How warm the compile caches are now: files in Inductor's cache (FX graphs, autotuning
+    results), kernels in Triton's, files in FlagGems'. A bench that starts with them full skips
+    the compiles and searches they hold (None where a cache's folder cannot be found)."""
+    def files(path):
+        return sum(len(f) for _, _, f in os.walk(path)) if path and os.path.isdir(path) else None
+
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        inductor = cache_dir()
+    except Exception:  # noqa: BLE001 - another torch layout: leave the column empty
+        inductor = None
+    triton_dir = getattr(getattr(triton, "knobs", None), "cache", None)
+    triton_dir = getattr(triton_dir, "dir", None) or os.environ.get(
+        "TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache"))
+    flaggems = os.environ.get("FLAGGEMS_CACHE_DIR", os.path.expanduser("~/.flaggems"))
+    return dict(inductor_cache_files=files(inductor),
+                triton_cache_kernels=len(os.listdir(triton_dir)) if os.path.isdir(triton_dir) else None,
+                flaggems_cache_files=files(flaggems))
+
+
 def run_metadata(device: torch.device) -> dict:
     started = dt.datetime.now(dt.timezone.utc)
     if device.type == "cuda":
@@ -151,7 +173,7 @@ def run_record(meta: dict, device: torch.device, when: str, argv=None, **extra) 
     """A row of runs.parquet: the run's metadata and the GPU's state `when` ("start" or "end"),
     the commit split into hash and cleanliness."""
     commit = meta["git_commit"]
-    state = gpu_state(device)
+    state = gpu_state(device) | cache_state()
     row = {k: meta[k] for k in schema.RUNS if k in meta}
     row.update(git_clean=None if commit == "unknown" else not commit.endswith("-dirty"),
                driver=state.pop("driver"), hostname=platform.node(),

@@ -366,6 +366,27 @@ def stale_note(results: Path) -> "Markdown":
                     "ran then; `make bench` measures this checkout's.\n:::")
 
 
+def cache_line(results: Path) -> "Markdown":
+    """How warm the compile caches were when the folder's runs started (runs.parquet's
+    inductor_cache_files and triton_cache_kernels), which sets how long max-autotune and the
+    libraries' autotuning take: a sentence."""
+    path = Path(results) / "runs.parquet"
+    runs = pd.read_parquet(path) if path.exists() else pd.DataFrame()
+    col = "inductor_cache_files_start"
+    if col not in runs or runs[col].isna().all():
+        return Markdown("Whether its runs started with warm compile caches (Inductor's, Triton's, "
+                        "FlagGems' on disk) was not recorded.")
+    runs = runs.dropna(subset=[col])
+    parts = []
+    for r in runs.sort_values("started_at").itertuples(index=False):
+        start, end = int(r.inductor_cache_files_start), r.inductor_cache_files_end
+        state = "cold" if start == 0 else "warm"
+        parts.append(f"{state}, {start} files in Inductor's cache at the start"
+                     + ("" if pd.isna(end) else f" and {int(end)} at the end"))
+    label = "Its run started" if len(parts) == 1 else f"Its {len(parts)} runs started"
+    return Markdown(f"{label} " + "; ".join(parts) + ".")
+
+
 def gpu_states(results: Path) -> pd.DataFrame:
     """One line per run in the folder's runs.parquet: the GPU's state at its start and end."""
     path = Path(results) / "runs.parquet"

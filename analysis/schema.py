@@ -48,7 +48,9 @@ PROVENANCE = {"source_hash": S, "gpu_sm_clock_max_mhz": F, "gpu_power_limit_w": 
 # runs.parquet: one row per run, written when it starts and again when it ends (a run that died
 # keeps status "running"): the GPU's state at both ends.
 _STATE = {"sm_clock_mhz": F, "sm_clock_max_mhz": F, "mem_clock_mhz": F, "mem_clock_max_mhz": F,
-          "power_w": F, "power_limit_w": F, "temp_c": F}
+          "power_w": F, "power_limit_w": F, "temp_c": F,
+          # machine.cache_state: how warm the compile caches were (added 2026-11-26).
+          "inductor_cache_files": I, "triton_cache_kernels": I, "flaggems_cache_files": I}
 RUNS = {
     "run_id": S, "started_at": S, "finished_at": S, "status": S, "git_commit": S,
     "git_clean": pa.bool_(), "source_hash": S, "gpu": S, "gpu_index": I, "sm_count": I,

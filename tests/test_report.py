@@ -551,3 +551,28 @@ def test_trial_spread_names_the_widest_op():
     assert sp["widest"]["p95"] == pytest.approx(2.0)
     assert sp["widest"]["rest_p95"] == pytest.approx(1.01)
     assert "widest" not in R.trial_spread(df[df["op"] == "a"])
+
+
+def test_cache_line_says_cold_or_warm(tmp_path):
+    """The run record's cache counts become a sentence; older records say nothing was recorded."""
+    runs = pd.DataFrame({"run_id": ["a", "b"], "started_at": ["2026-11-26T01", "2026-11-26T02"],
+                         "inductor_cache_files_start": [0, 500],
+                         "inductor_cache_files_end": [500, 510]})
+    runs.to_parquet(tmp_path / "runs.parquet")
+    line = str(R.cache_line(tmp_path))
+    assert line.startswith("Its 2 runs started cold, 0 files") and "warm, 500 files" in line
+    runs.drop(columns=["inductor_cache_files_start"]).to_parquet(tmp_path / "runs.parquet")
+    assert "not recorded" in str(R.cache_line(tmp_path))
+
+
+def test_run_record_counts_the_caches():
+    """A run record carries the caches' state at its start, in the runs schema."""
+    import torch
+
+    from triton_fusion_report.analysis import machine, schema
+
+    meta = dict(run_id="r", git_commit="a" * 40)
+    row = machine.run_record(meta, torch.device("cpu"), "start")
+    for key in ("inductor_cache_files_start", "triton_cache_kernels_start",
+                "flaggems_cache_files_start"):
+        assert key in row and key in schema.RUNS

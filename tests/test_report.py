@@ -85,8 +85,25 @@ def _folder_with_softmax_backward(tmp: Path) -> Path:
     return into
 
 
+def _folder_with_user_shapes(tmp: Path) -> Path:
+    """The reference with the grid's shapes that are not width sweeps: every softmax and
+    LayerNorm row again at 8 rows (a width then comes at two row counts, as 8 x 50257 beside
+    4096 x 50257 does), and the narrowest width again as 5120 (a hidden size)."""
+    import shutil
+
+    for path in R.REFERENCE.iterdir():
+        shutil.copy(path, tmp / path.name)
+    for family in ("softmax", "layernorm"):
+        df = pd.read_parquet(tmp / f"{family}.parquet")
+        few = df.assign(rows=8, ms_median=df["ms_median"] / 100, ms_device=df["ms_device"] / 100)
+        narrow = df[df["width"] == df["width"].min()].assign(width=5120)
+        pd.concat([df, few, narrow], ignore_index=True).to_parquet(tmp / f"{family}.parquet")
+    return tmp
+
+
 DATASETS = {
     "reference": lambda tmp: R.REFERENCE,
+    "user_shapes": _folder_with_user_shapes,
     "smoke": lambda tmp: SMOKE,
     "families_missing": _folder_missing_families,
     "failed_rows": _folder_with_failed_rows,

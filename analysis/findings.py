@@ -400,8 +400,8 @@ def user_shapes(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
             best = others.idxmin()
             fused = g[g["impl"] == "triton_fused"].iloc[0]
             path = fused["variant"] if isinstance(fused["variant"], str) else "—"
-            short_dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
-            out.append({"op": f"{label} {'bwd' if 'bwd' in op else 'fwd'} {short_dtype}",
+            out.append({"op": f"{label} {'bwd' if 'bwd' in op else 'fwd'} "
+                              f"{R.SHORT_DTYPE.get(dtype, dtype)}",
                         "shape": f"{int(rows)}×{int(width)}",
                         "path": path, "ours µs": 1e3 * t["triton_fused"],
                         "fastest other": ("max-autotune" if best == "torch_compile_max"

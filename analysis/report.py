@@ -35,6 +35,8 @@ SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
                "triton_fused": "fused", "sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN",
                "sdpa_efficient": "mem-eff.", "cublas": "cuBLAS alone", "cublaslt": "cuBLASLt",
                "liger": "Liger", "flag_gems": "FlagGems"}
+# Dtype names short enough for a label.
+SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # The Triton kernel libraries measured beside PyTorch where they have the op (analysis/peers.py).
 PEERS = ["liger", "flag_gems"]
 

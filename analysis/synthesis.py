@@ -324,11 +324,8 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
                              aggfunc="max", sort=False)
     order = [c for c in R.IMPL_ORDER if c in t.columns] + [c for c in t.columns if c not in R.IMPL_ORDER]
     t = t[order]
-    t.columns = [SHORT_LABEL.get(c, c) for c in t.columns]
+    t.columns = [R.SHORT_LABEL.get(c, c) for c in t.columns]
     return t
-
-
-SHORT_LABEL = R.SHORT_LABEL
 
 
 # A baseline "wins" when our time exceeds its by more than run-to-run noise (rows over 50 us
@@ -493,7 +490,7 @@ def target_display(table: pd.DataFrame) -> pd.DataFrame:
         "target": table["target"],
         "goal": goals,
         "Triton fused": [num(v, u) for v, u in zip(table["fused"], table["unit"])],
-        "best other": ["—" if b is None else f"{num(v, u)} ({SHORT_LABEL.get(b, b)})"
+        "best other": ["—" if b is None else f"{num(v, u)} ({R.SHORT_LABEL.get(b, b)})"
                        for b, v, u in zip(table["best_other"], table["best_other_value"],
                                           table["unit"])],
         "met": ["no data" if m is None else "yes" if m else "no" for m in table["met"]],

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
@@ -240,6 +241,66 @@ def _attn_fwd_pointers(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, sqb, sqh
                   BLOCK_M, BLOCK_N)
 
 
+@triton.jit
+def _attn_fwd_ws(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, ROWS_Q, ROWS_KV,
+                 HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
+                 STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The non-causal forward with Triton's automatic warp specialisation on Hopper
+    (`warp_specialize=True`: a producer warp feeds the key/value tiles through TMA while the
+    consumer warps compute, as FlashAttention-3 does by hand). For what the pass compiles in
+    Triton 3.6: one loop, no masks (contiguous q, k, v with seq and seq_k multiples of the
+    blocks, head_dim a power of two), descriptors made on the device (host ones fail in the
+    pass). Q, K, V are the tensors, viewed as (ROWS_Q or ROWS_KV, HEAD_DIM)."""
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_kv = (off_hz // H) * (H // GROUP) + (off_hz % H) // GROUP
+    desc_q = tl.make_tensor_descriptor(Q, shape=[ROWS_Q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    desc_k = tl.make_tensor_descriptor(K, shape=[ROWS_KV, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    desc_v = tl.make_tensor_descriptor(V, shape=[ROWS_KV, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    qk_scale = sm_scale * 1.44269504  # log2(e)
+    q = desc_q.load([off_hz * SEQ + start_m * BLOCK_M, 0])
+    row_kv = off_kv * SEQ_K
+    for start_n in tl.range(0, SEQ_K, BLOCK_N, warp_specialize=True):
+        k = desc_k.load([row_kv + start_n, 0])
+        qk = _dot(q, k.T, None, "tf32", UPCAST)
+        if SCALE_POS:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        else:
+            m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_ij = tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = desc_v.load([row_kv + start_n, 0])
+        acc = _dot(p.to(v.dtype), v, acc, "tf32", UPCAST)
+        l_i = l_i * alpha + l_ij
+        m_i = m_ij
+    acc = acc / l_i[:, None]
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(O + off_hz.to(tl.int64) * SEQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM
+             + offs_d[None, :], acc.to(O.dtype.element_ty))
+    if STORE_LSE:
+        tl.store(LSE + off_hz.to(tl.int64) * SEQ + offs_m, m_i + tl.math.log2(l_i))
+
+
+def _torch_allocator(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda" if not interpreting() else "cpu")
+
+
+def _needs_allocator():
+    """Device-side descriptors take global scratch from Triton's allocator: torch's where the
+    caller has set none (stream-ordered, so the scratch lives as long as the launch needs)."""
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_torch_allocator)
+
+
 def _descriptor_pre_hook(nargs):
     """Host descriptors carry their block shape: set it from the config to be launched."""
     if isinstance(nargs["Q"], TensorDescriptor):
@@ -258,6 +319,10 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages); causal needs BLOCK_M %
     (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3),
     (64, 64, 4, 2), (64, 64, 4, 3),
 ]
+# _attn_fwd_ws's config, a candidate where it applies (`_ws_applies`): the one that compiled and
+# was right and fastest in the probe (analysis/NOTES.md); its 5th entry marks the kernel. Four
+# warps compute (one warp group) beside the producer; one stage: the pass buffers the tiles.
+WS_CONFIG = (128, 128, 4, 1, "ws")
 
 
 # The tuned config per (sequence bucket, head_dim, causal, dtype, device). Sequence lengths share
@@ -275,12 +340,30 @@ def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def _tune(key, seq, run, device) -> tuple:
-    """The fastest candidate (128-row blocks only when there are 128 queries to fill them),
-    timed once per key (see `fastest`: kept on disk with TRITON_CACHE_AUTOTUNING=1)."""
-    candidates = [c for c in CONFIGS if c[0] <= max(64, seq)]
-    return fastest(_TUNED, key, candidates, lambda cfg: _bench(lambda: run(cfg)),
-                   (_attn_fwd, _attn_fwd_pointers), device)
+def _tune(key, seq, run, device, ws=False) -> tuple:
+    """The fastest candidate (128-row blocks only when there are 128 queries to fill them; ws:
+    WS_CONFIG too), timed once per key (see `fastest`: kept on disk with
+    TRITON_CACHE_AUTOTUNING=1)."""
+    candidates = [c for c in CONFIGS if c[0] <= max(64, seq)] + ([WS_CONFIG] if ws else [])
+
+    def time_ms(cfg):
+        try:
+            return _bench(lambda: run(cfg))
+        except RuntimeError as e:  # the warp-specialisation pass refusing a kernel
+            if "PassManager" in str(e):
+                raise triton.compiler.errors.CompilationError(None, None, str(e)) from e
+            raise
+    return fastest(_TUNED, key, candidates, time_ms, (_attn_fwd, _attn_fwd_pointers,
+                                                      _attn_fwd_ws), device)
+
+
+def _ws_applies(q, k, v, causal, strided) -> bool:
+    """Whether _attn_fwd_ws may run: Hopper (sm_90; the pass is Hopper's), not causal, contiguous,
+    head_dim 128 (measured there; 64 gained nothing), both lengths multiples of its blocks."""
+    if causal or strided or q.shape[-1] != 128 or q.device.type != "cuda":
+        return False
+    return (tuple(torch.cuda.get_device_capability(q.device)) == (9, 0)
+            and q.shape[2] % WS_CONFIG[0] == 0 and k.shape[2] % WS_CONFIG[1] == 0)
 
 
 def default_config(seq: int, head_dim: int, causal: bool) -> dict:
@@ -437,6 +520,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     consts = plan.consts
 
     def run(cfg):
+        if len(cfg) == 5:  # WS_CONFIG
+            _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts)
+            return
         bm, bn, warps, stages = cfg
         if plan.host:
             _descriptor_pre_hook(dict(Q=q_arg, K=k_arg, V=v_arg, BLOCK_M=bm, BLOCK_N=bn,
@@ -444,7 +530,8 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         launch(kernel, (cdiv(seq, bm), batch * heads), *args, **consts, BLOCK_M=bm,
                BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
-    cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run, q.device)
+    cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run, q.device,
+                                                           plan.ws)
     run(cfg)
     if key is not None and plan.host:
         if len(_STEADY) >= STEADY_MAX_ENTRIES:
@@ -453,15 +540,40 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     return (out, lse) if return_lse else out
 
 
+def _ws_launch(q, k, cfg, consts) -> tuple:
+    """_attn_fwd_ws's grid, runtime ints and keywords for q, k (contiguous) and WS_CONFIG."""
+    bm, bn, warps, stages, _ = cfg
+    batch, heads, seq, head_dim = q.shape
+    ints = (seq, k.shape[2], heads, heads // k.shape[1], batch * heads * seq,
+            k.shape[0] * k.shape[1] * k.shape[2])
+    kwargs = dict(HEAD_DIM=head_dim, UPCAST=consts["UPCAST"], SCALE_POS=consts["SCALE_POS"],
+                  STORE_LSE=consts["STORE_LSE"], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                  num_stages=stages)
+    return (cdiv(seq, bm), batch * heads), ints, kwargs
+
+
+def _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts):
+    grid, ints, kwargs = _ws_launch(q, k, cfg, consts)
+    _needs_allocator()
+    launch(_attn_fwd_ws, grid, q, k, v, out, out if lse is None else lse, sm_scale, *ints,
+           **kwargs)
+
+
 class _Steady:
     """triton_fused for one layout once its config is known (planned, tuned): what the general
     path works out each call (grid, launch keywords, descriptor shapes, strides and blocks) is
     worked out once, so that a call only allocates, makes three descriptors and launches. Used
     for host descriptors; the same kernel and arguments as the general path."""
 
-    __slots__ = ("grid", "kwargs", "blocks", "specs", "out_shape", "lse_shape", "ints")
+    __slots__ = ("grid", "kwargs", "blocks", "specs", "out_shape", "lse_shape", "ints", "ws")
 
     def __init__(self, plan, cfg, q, k, return_lse):
+        self.ws = len(cfg) == 5
+        if self.ws:  # _attn_fwd_ws: the tensors themselves, no host descriptor
+            self.grid, self.ints, self.kwargs = _ws_launch(q, k, cfg, plan.consts)
+            self.out_shape = q.shape
+            self.lse_shape = (q.shape[0] * q.shape[1], q.shape[2]) if return_lse else None
+            return
         bm, bn, warps, stages = cfg
         batch, heads, seq, head_dim = q.shape
         block_d = plan.consts["BLOCK_D"]
@@ -484,6 +596,11 @@ class _Steady:
     def __call__(self, q, k, v, sm_scale):
         out = empty(self.out_shape, q.dtype, q.device)
         lse = None if self.lse_shape is None else empty(self.lse_shape, torch.float32, q.device)
+        if self.ws:
+            _needs_allocator()
+            launch(_attn_fwd_ws, self.grid, q, k, v, out, out if lse is None else lse, sm_scale,
+                   *self.ints, **self.kwargs)
+            return out if lse is None else (out, lse)
         seq, seq_k, heads, group = self.ints
         if self.specs is None:
             descs = [descriptor(t, list(t.shape), list(t.stride()), b)
@@ -507,13 +624,14 @@ class _Plan(NamedTuple):
     (no output element), "no_keys" (seq_k = 0: zeros) or "main"; host: through host tensor
     descriptors (TMA), else plain loads; strided: 4-D descriptors; consts: the kernel's
     constexprs but the blocks; cfg: (block_m, block_n, num_warps, num_stages), or None to take
-    the tuned config under tune_key."""
+    the tuned config under tune_key (WS_CONFIG among the candidates where ws)."""
     route: str
     host: bool = False
     strided: bool = False
     consts: dict | None = None
     cfg: tuple | None = None
     tune_key: tuple | None = None
+    ws: bool = False  # WS_CONFIG (_attn_fwd_ws) is a candidate
 
 
 _PLANS = plan_cache()
@@ -542,9 +660,10 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
     if host:
         consts["MODE"] = 1 if strided else 0
     if not interpreting() and all(p is None for p in options):
+        ws = host and _ws_applies(q, k, v, causal, strided)
         tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device,
-                    host)
-        return _Plan("main", host, strided, consts, None, tune_key)
+                    host, ws)
+        return _Plan("main", host, strided, consts, None, tune_key, ws)
     d = default_config(seq, head_dim, causal)
     block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)
     block_n = check_pow2("block_n", d["block_n"] if block_n is None else block_n, why=DOT_MIN)

@@ -489,3 +489,54 @@ def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
         scores = scores.masked_fill(torch.ones(40, 40, device=device).triu(1).bool(), -math.inf)
     want = torch.logsumexp(scores, -1).flatten(0, 1) / math.log(2)  # base 2
     assert torch.allclose(lse.double(), want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape,kv_heads,sm_scale,lse", [
+    ((1, 2, 256, 128), 2, None, False),
+    ((2, 4, 128, 128), 2, None, True),  # grouped-query attention, log-sum-exp stored
+    ((1, 2, 128, 128), 1, -0.05, False),  # a negative scale: the row max is the smallest score
+])
+def test_warp_specialised_kernel(dtype, shape, kv_heads, sm_scale, lse, device):
+    """_attn_fwd_ws (Hopper's automatic warp specialisation; the interpreter runs the same
+    program) against float64: q of `shape`, k and v with kv_heads heads and 256 keys, every
+    output element written (poisoned first)."""
+    batch, heads, seq, head_dim = shape
+    q = torch.randn(shape, device=device, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, 256, head_dim, device=device, dtype=dtype)
+            for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    lse_out = torch.full((batch * heads, seq), float("nan"), device=device) if lse else None
+    scale = at.default_scale(head_dim) if sm_scale is None else sm_scale
+    consts = dict(UPCAST=at._upcast_bf16(dtype), SCALE_POS=scale >= 0, STORE_LSE=lse)
+    at._launch_ws(q, k, v, out, lse_out, scale, at.WS_CONFIG, consts)
+    group = heads // kv_heads
+    kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    assert rel_err(out, ref64(q, kr, vr, False, scale)) <= FUSED_TOL[dtype]
+    if lse:
+        s = (q.double() @ kr.double().transpose(-1, -2)) * scale
+        want = torch.logsumexp(s, -1).flatten(0, 1) / math.log(2)
+        assert torch.allclose(lse_out.double(), want, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
+def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
+    """Where _attn_fwd_ws applies it is one more candidate of the tuning; chosen (here by a
+    timing that makes it the fastest), the first call and the steady path after it run it."""
+    runs = []
+
+    def ws_fastest(fn):
+        fn()
+        runs.append(1)
+        return 0.5 if len(runs) == 7 else 1.0  # the 7th candidate: WS_CONFIG
+
+    for name, value in (("interpreting", lambda: False), ("_bench", ws_fastest), ("_TUNED", {}),
+                        ("_PLANS", {}), ("_STEADY", {}),
+                        ("_ws_applies", lambda q, k, v, causal, strided: not causal)):
+        monkeypatch.setattr(at, name, value)
+    q, k, v = qkv((1, 2, 128, 128), torch.float16, device)
+    out = kernels.attention(q, k, v)
+    assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7
+    assert rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
+    out2 = kernels.attention(q, k * 0.5, v)  # the steady path, same layout
+    assert len(at._STEADY) == 1 and rel_err(out2, ref64(q, k * 0.5, v)) <= FUSED_TOL[torch.float16]

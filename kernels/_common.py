@@ -378,10 +378,14 @@ def cached(cache: dict, key, compute, *args):
 # Launch settings timed on the device (attention's config, LayerNorm's forward plan).
 
 
+TUNING_ROUNDS = 3
+
+
 def fastest(memo: dict, key: tuple, candidates: list, time_ms, kernels, device):
     """The fastest of `candidates` for `key`: memo[key], else the choice a process on the same
-    kind of GPU kept on disk, else timed now (`time_ms(candidate)` -> ms; a candidate that does
-    not compile for this GPU, for shared memory or registers, is skipped) and remembered.
+    kind of GPU kept on disk, else timed now (`time_ms(candidate)` -> ms, the median of
+    TUNING_ROUNDS interleaved rounds; a candidate that does not compile for this GPU, for shared
+    memory or registers, is skipped) and remembered.
 
     The disk copy follows Triton's own autotuner: only with TRITON_CACHE_AUTOTUNING=1, in
     Triton's cache, named by Triton's version, the GPU (name, SM count, capability), the
@@ -396,15 +400,21 @@ def fastest(memo: dict, key: tuple, candidates: list, time_ms, kernels, device):
     if disk is not None:
         choice = disk.load()
     if choice is None:
-        timings = {}
+        runs = {}
         for cand in candidates:
             try:
-                timings[cand] = time_ms(cand)
+                runs[cand] = [time_ms(cand)]
             except (triton.runtime.errors.OutOfResources,
                     triton.compiler.errors.CompilationError):
                 continue
-        if not timings:
+        if not runs:
             raise RuntimeError(f"no candidate compiles for {key}")
+        # More rounds, interleaved: one timing per candidate moves by more than the candidates
+        # differ (clocks and power settle while they run; analysis/NOTES.md).
+        for _ in range(TUNING_ROUNDS - 1):
+            for cand, times in runs.items():
+                times.append(time_ms(cand))
+        timings = {cand: sorted(times)[len(times) // 2] for cand, times in runs.items()}
         choice = min(timings, key=timings.get)
         if disk is not None:
             disk.store(choice, timings)

@@ -7,6 +7,7 @@ from triton_fusion_report import kernels
 
 from conftest import TOL, rel_err
 
+from triton_fusion_report.kernels import _common as C
 from triton_fusion_report.kernels import flash_attention as at
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -130,13 +131,14 @@ def test_tuned_launch(causal, device, monkeypatch):
     monkeypatch.setattr(at, "_STEADY", {})
     q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
     out = kernels.attention(q, k, v, causal=causal)
-    assert len(runs) == 2  # seq 100 prunes the 128-row configs: two 64-row ones are left
+    # seq 100 prunes the 128-row configs: two 64-row ones are left, timed in rounds
+    assert len(runs) == 2 * C.TUNING_ROUNDS
     assert list(at._TUNED.values()) == [at.CONFIGS[4]]
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
     q, k, v = qkv((1, 2, 120, 64), torch.float16, device)  # same bucket (128): no tuning
     assert rel_err(kernels.attention(q, k, v, causal=causal), ref64(q, k, v, causal)) <= \
         FUSED_TOL[torch.float16]
-    assert len(runs) == 2
+    assert len(runs) == 2 * C.TUNING_ROUNDS
     assert at.seq_bucket(100) == at.seq_bucket(128) == 128 < at.seq_bucket(129)
 
 
@@ -523,20 +525,27 @@ def test_warp_specialised_kernel(dtype, shape, kv_heads, sm_scale, lse, device):
 def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
     """Where _attn_fwd_ws applies it is one more candidate of the tuning; chosen (here by a
     timing that makes it the fastest), the first call and the steady path after it run it."""
-    runs = []
+    runs, ws_runs = [], []
+    launch_ws = at._launch_ws
+
+    def counted(*a):
+        ws_runs.append(1)
+        return launch_ws(*a)
 
     def ws_fastest(fn):
+        before = len(ws_runs)
         fn()
         runs.append(1)
-        return 0.5 if len(runs) == 7 else 1.0  # the 7th candidate: WS_CONFIG
+        return 0.5 if len(ws_runs) > before else 1.0
 
     for name, value in (("interpreting", lambda: False), ("_bench", ws_fastest), ("_TUNED", {}),
-                        ("_PLANS", {}), ("_STEADY", {}),
+                        ("_PLANS", {}), ("_STEADY", {}), ("_launch_ws", counted),
                         ("_ws_applies", lambda q, k, v, causal, strided: not causal)):
         monkeypatch.setattr(at, name, value)
     q, k, v = qkv((1, 2, 128, 128), torch.float16, device)
     out = kernels.attention(q, k, v)
-    assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7
+    # six CONFIGS and WS_CONFIG, each timed in every round
+    assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7 * C.TUNING_ROUNDS
     assert rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
     out2 = kernels.attention(q, k * 0.5, v)  # the steady path, same layout
     assert len(at._STEADY) == 1 and rel_err(out2, ref64(q, k * 0.5, v)) <= FUSED_TOL[torch.float16]

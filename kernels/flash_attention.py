@@ -16,6 +16,11 @@ to the next one inside the kernel, where the loads zero-fill the columns past he
 head dims that are not a multiple of 8 are first padded on the host, as descriptor rows need 16
 bytes), fewer key/value heads than query heads (grouped-query attention, read in place), and fewer
 queries than keys (a KV cache; causal aligned to the bottom right). float16 and bfloat16 only.
+
+On sm_90, non-causal attention at head_dim 128 with both lengths multiples of 128 also tunes
+_attn_fwd_ws, the same loop under Triton's automatic warp specialisation (a producer warp feeds
+TMA loads to the computing warps). Its descriptors are made on the device, which takes scratch
+memory from Triton's allocator: where the caller has set none, torch's is set (per thread).
 """
 from __future__ import annotations
 

@@ -113,26 +113,30 @@ def _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK: tl.c
 
 
 @triton.jit
+def _unmasked_exp(qk, m_i, qk_scale, SCALE_POS: tl.constexpr):
+    """(p, alpha, new max) of the online softmax for a tile with no masked score: the scale
+    folded into the max and one FMA, base-2 exponent throughout. SCALE_POS: qk_scale >= 0 (else
+    the row's largest scaled score is its smallest score times the scale)."""
+    if SCALE_POS:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    else:
+        m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+    return tl.math.exp2(qk * qk_scale - m_ij[:, None]), tl.math.exp2(m_i - m_ij), m_ij
+
+
+@triton.jit
 def _attn_inner(acc, l_i, m_i, q, src_k, src_v, kv_b, kv_h, offset_y, k_stride, v_stride, lo,
                 hi, offs_m, offs_n, qk_scale, seq, shift, BLOCK_N: tl.constexpr,
                 MASK: tl.constexpr, UPCAST: tl.constexpr, SCALE_POS: tl.constexpr,
                 MODE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Key/value tiles [lo, hi). MASK: 0 none; 1 causal (query i sees keys j <= i + shift) and
-    keys past seq; 2 keys past seq.
-    SCALE_POS: qk_scale >= 0 (else the row's largest scaled score is its smallest score times
-    the scale)."""
+    keys past seq; 2 keys past seq. SCALE_POS: see _unmasked_exp."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         qk = _scores(q, src_k, kv_b, kv_h, start_n, offset_y, k_stride, seq, MODE, BLOCK_N,
                      BLOCK_D, HEAD_DIM, UPCAST)
         if MASK == 0:
-            # Scale folded into the max and one FMA; base-2 exponent throughout.
-            if SCALE_POS:
-                m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            else:
-                m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-            alpha = tl.math.exp2(m_i - m_ij)
+            p, alpha, m_ij = _unmasked_exp(qk, m_i, qk_scale, SCALE_POS)
         else:
             qk = _masked_scores(qk, qk_scale, start_n, offs_m, offs_n, seq, shift, MASK)
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -275,12 +279,7 @@ def _attn_fwd_ws(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, ROWS_Q, ROWS_K
     for start_n in tl.range(0, SEQ_K, BLOCK_N, warp_specialize=True):
         k = desc_k.load([row_kv + start_n, 0])
         qk = _dot(q, k.T, None, "tf32", UPCAST)
-        if SCALE_POS:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        else:
-            m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
+        p, alpha, m_ij = _unmasked_exp(qk, m_i, qk_scale, SCALE_POS)
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = desc_v.load([row_kv + start_n, 0])

@@ -567,7 +567,8 @@ class _Steady:
     """triton_fused for one layout once its config is known (planned, tuned): what the general
     path works out each call (grid, launch keywords, descriptor shapes, strides and blocks) is
     worked out once, so that a call only allocates, makes three descriptors and launches. Used
-    for host descriptors; the same kernel and arguments as the general path."""
+    for host descriptors and for _attn_fwd_ws (no descriptor made on the host); the same kernel
+    and arguments as the general path."""
 
     __slots__ = ("grid", "kwargs", "blocks", "specs", "out_shape", "lse_shape", "ints", "ws")
 

@@ -385,7 +385,7 @@ def fastest(memo: dict, key: tuple, candidates: list, time_ms, kernels, device):
     """The fastest of `candidates` for `key`: memo[key], else the choice a process on the same
     kind of GPU kept on disk, else timed now (`time_ms(candidate)` -> ms, the median of
     TUNING_ROUNDS interleaved rounds; a candidate that does not compile for this GPU, for shared
-    memory or registers, is skipped) and remembered.
+    memory, registers or a compiler pass that refuses it, is skipped) and remembered.
 
     The disk copy follows Triton's own autotuner: only with TRITON_CACHE_AUTOTUNING=1, in
     Triton's cache, named by Triton's version, the GPU (name, SM count, capability), the
@@ -407,6 +407,9 @@ def fastest(memo: dict, key: tuple, candidates: list, time_ms, kernels, device):
             except (triton.runtime.errors.OutOfResources,
                     triton.compiler.errors.CompilationError):
                 continue
+            except RuntimeError as e:  # an MLIR pass refusing the kernel (warp specialisation)
+                if "PassManager::run failed" not in str(e):
+                    raise
         if not runs:
             raise RuntimeError(f"no candidate compiles for {key}")
         # More rounds, interleaved: one timing per candidate moves by more than the candidates

@@ -349,16 +349,8 @@ def _tune(key, seq, run, device, ws=False) -> tuple:
     WS_CONFIG too), timed once per key (see `fastest`: kept on disk with
     TRITON_CACHE_AUTOTUNING=1)."""
     candidates = [c for c in CONFIGS if c[0] <= max(64, seq)] + ([WS_CONFIG] if ws else [])
-
-    def time_ms(cfg):
-        try:
-            return _bench(lambda: run(cfg))
-        except RuntimeError as e:  # the warp-specialisation pass refusing a kernel
-            if "PassManager" in str(e):
-                raise triton.compiler.errors.CompilationError(None, None, str(e)) from e
-            raise
-    return fastest(_TUNED, key, candidates, time_ms, (_attn_fwd, _attn_fwd_pointers,
-                                                      _attn_fwd_ws), device)
+    return fastest(_TUNED, key, candidates, lambda cfg: _bench(lambda: run(cfg)),
+                   (_attn_fwd, _attn_fwd_pointers, _attn_fwd_ws), device)
 
 
 def _ws_applies(q, k, v, causal, strided) -> bool:

@@ -92,11 +92,15 @@ def test_fastest_keeps_the_choice_on_disk_like_tritons_autotuner(tmp_path, monke
         timed.append(c)
         if c == (32, 32):
             raise triton.runtime.errors.OutOfResources(1, 0, "shared memory")
+        if c == (16, 16):
+            raise RuntimeError("PassManager::run failed")
+        if c == (8, 8):
+            raise RuntimeError("an illegal memory access")
         return ms[c]
 
-    cands = list(ms)
+    cands = list(ms) + [(16, 16)]  # (16, 16): a pass refuses it, skipped as well
     rounds = C.TUNING_ROUNDS
-    all3 = 3 + 2 * (rounds - 1)  # (32, 32) fails its first round and is not timed again
+    all3 = 4 + 2 * (rounds - 1)  # (32, 32), (16, 16) fail their first round, not timed again
     assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
     assert len(timed) == all3
     memo = {}
@@ -117,6 +121,8 @@ def test_fastest_keeps_the_choice_on_disk_like_tritons_autotuner(tmp_path, monke
     assert not (tmp_path / "off").exists()
     with pytest.raises(RuntimeError, match="no candidate compiles"):
         C.fastest({}, ("k", cpu), [(32, 32)], time_ms, kernels, cpu)
+    with pytest.raises(RuntimeError, match="illegal memory"):  # not a compile failure: raised
+        C.fastest({}, ("k", cpu), [(8, 8)], time_ms, kernels, cpu)
 
 
 def test_fastest_takes_the_median_of_interleaved_rounds():

@@ -66,9 +66,10 @@ bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into 
 	  $(RUN_PY) -m triton_fusion_report.analysis.model_check --out $(BENCH_OUT); fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
-profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel of each implementation into BENCH_OUT/profile.parquet
+profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel into BENCH_OUT/profile.parquet, the matmul kernels' details into profile_details.parquet
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }
 	$(RUN_PY) -m triton_fusion_report.analysis.profile --out $(BENCH_OUT)
+	$(RUN_PY) -m triton_fusion_report.analysis.profile --details --out $(BENCH_OUT)
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }

@@ -12,6 +12,12 @@ dram__bytes_read.sum and dram__bytes_write.sum, in bytes (--print-units base).
 DIR/profile.parquet: one row per profiled kernel (family, op, impl, kernel name, bytes read and
 written) with the model's bytes for that implementation and for the fused op; `summary` adds
 them up per implementation.
+
+`--details` profiles the cases of the families whose work is a matmul (DETAIL_FAMILIES) once
+more, through ncu's details page (DETAIL_SECTIONS: speed of light, compute workload, launch
+statistics, occupancy, warp states), into DIR/profile_details.parquet: one row per kernel with
+its duration, SM and issue-slot throughput, registers, occupancy and shared memory, what says
+why a kernel stops short of the tensor cores' limit.
 """
 from __future__ import annotations
 
@@ -103,7 +109,13 @@ DETAIL_METRICS = {
     "Local Memory Spilling Requests": "spill_requests",
     "Achieved Occupancy": "occupancy_pct",
     "Dynamic Shared Memory Per Block": "smem_kb",
+    "Waves Per SM": "waves",
+    "Warp Cycles Per Issued Instruction": "cycles_per_issue",
+    "Theoretical Occupancy": "theoretical_occupancy_pct",
 }
+DETAIL_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "LaunchStats", "Occupancy",
+                   "WarpStateStats")
+DETAIL_FAMILIES = ("softmax_matmul", "attention", "matmul_softmax", "linear_act")
 _DETAIL_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
                  "s": 1e6, "second": 1e6, "byte/block": 1e-3, "kbyte/block": 1.0,
                  "mbyte/block": 1e3}
@@ -175,6 +187,38 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+DETAIL_SUMMARY = ("sm_pct", "issue_pct", "cycles_per_issue", "registers", "occupancy_pct",
+                  "theoretical_occupancy_pct", "smem_kb", "waves")
+
+
+def details_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (family, op, impl) of profile_details rows: kernels, their total µs, and the longest
+    kernel's name and DETAIL_SUMMARY metrics (the one that decides the implementation's time)."""
+    ok = rows[rows["status"] == "ok"].copy()
+    out = []
+    for (family, op, impl), g in ok.groupby(["family", "op", "impl"], sort=False):
+        main = g.loc[g["duration_us"].idxmax()]
+        out.append(dict(family=family, op=op, impl=impl, kernels=len(g),
+                        us=g["duration_us"].sum(), main_kernel=main["kernel"],
+                        **{m: main[m] for m in DETAIL_SUMMARY if m in g}))
+    return pd.DataFrame(out)
+
+
+def target_counters(rows: pd.DataFrame) -> pd.DataFrame:
+    """details_summary's rows for our fused kernel and, per family, the fastest implementation
+    that is not ours (shortest total µs): how the two use the SM, side by side."""
+    s = details_summary(rows)
+    out = []
+    for _, g in s.groupby(["family", "op"], sort=False):
+        ours = g[g["impl"] == "triton_fused"]
+        others = g[~g["impl"].isin(["triton_fused", "triton_unfused"])]
+        if len(ours):
+            out.append(ours.iloc[0])
+            if len(others):
+                out.append(others.loc[others["us"].idxmin()])
+    return pd.DataFrame(out).reset_index(drop=True)
+
+
 def fusion_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (family, op): unfused over fused Triton bytes, in the model and on the counters, and
     the fused kernel's measured bytes over its model."""
@@ -239,26 +283,62 @@ def worker(case_index: int, order_file: Path) -> None:
 # --- the driver ------------------------------------------------------------------------------
 
 
-def profile_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]:
-    case = CASES[case_index]
-    problem = find_problem(case)
-    order_file, log = raw / f"order_{case_index}.json", raw / f"ncu_{case_index}.csv"
-    cmd = [ncu, "--csv", "--print-units", "base", "--profile-from-start", "off",
-           "--metrics", ",".join(METRICS), "--log-file", str(log),
+def _ncu_run(case_index: int, ncu: str, raw: Path, ncu_args: list, tag: str):
+    """Run the worker of CASES[case_index] under ncu with ncu_args: (what the worker wrote, ncu's
+    log text), or (None, why it failed)."""
+    order_file, log = raw / f"order_{tag}{case_index}.json", raw / f"ncu_{tag}{case_index}.csv"
+    cmd = [ncu, "--csv", "--profile-from-start", "off", *ncu_args, "--log-file", str(log),
            sys.executable, "-m", "triton_fusion_report.analysis.profile", "--worker",
            str(case_index), "--order", str(order_file)]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    base = dict(meta, family=case[0], op=case[1], dtype=case[2], shape=json.dumps(problem.shape),
+    if done.returncode != 0 or not order_file.exists() or not log.exists():
+        return None, (done.stderr or done.stdout)[-1500:]
+    return json.loads(order_file.read_text()), log.read_text()
+
+
+def _case_base(case_index: int, meta: dict) -> dict:
+    case = CASES[case_index]
+    problem = find_problem(case)
+    return dict(meta, family=case[0], op=case[1], dtype=case[2], shape=json.dumps(problem.shape),
                 bytes_model=problem.bytes_model)
-    if done.returncode != 0 or not order_file.exists():
-        why = (done.stderr or done.stdout)[-1500:]
-        return [dict(base, impl=None, status="failed", error=why)]
-    info = json.loads(order_file.read_text())
-    kernels = attribute(parse_ncu_csv(log.read_text()), info["order"])
+
+
+def profile_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]:
+    base = _case_base(case_index, meta)
+    info, text = _ncu_run(case_index, ncu, raw,
+                          ["--print-units", "base", "--metrics", ",".join(METRICS)], "")
+    if info is None:
+        return [dict(base, impl=None, status="failed", error=text)]
+    kernels = attribute(parse_ncu_csv(text), info["order"])
     rows = [dict(base, impl=r["impl"], variant=info["variants"].get(r["impl"]),
                  kernel=r["kernel"], kernel_index=int(r["id"]), dram_read=r[METRICS[0]],
                  dram_write=r[METRICS[1]], bytes_model_impl=info["bytes_impl"].get(r["impl"]),
                  status="ok")
+            for r in kernels.to_dict("records")]
+    rows += [dict(base, impl=impl, status="failed", error=why)
+             for impl, why in info["failed"].items()]
+    return rows
+
+
+def details_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]:
+    """CASES[case_index] through ncu's details page: one row per kernel, the DETAIL_METRICS."""
+    base = _case_base(case_index, meta)
+    sections = [a for name in DETAIL_SECTIONS for a in ("--section", name)]
+    info, text = _ncu_run(case_index, ncu, raw,
+                          ["--print-units", "base", *sections, "--page", "details"], "details_")
+    if info is None:
+        return [dict(base, impl=None, status="failed", error=text)]
+    return details_rows(base, ncu_details(text), info)
+
+
+def details_rows(base: dict, details: pd.DataFrame, info: dict) -> list[dict]:
+    """ncu_details' kernels attributed to the implementations the worker ran (info: its order
+    file), each a row with `base`; the implementations that failed as rows of their own."""
+    kernels = attribute(details, info["order"])
+    metrics = [c for c in DETAIL_METRICS.values() if c in kernels]
+    rows = [dict(base, impl=r["impl"], variant=info["variants"].get(r["impl"]),
+                 kernel=r["kernel"], kernel_index=int(r["id"]), status="ok",
+                 **{m: r[m] for m in metrics})
             for r in kernels.to_dict("records")]
     rows += [dict(base, impl=impl, status="failed", error=why)
              for impl, why in info["failed"].items()]
@@ -273,6 +353,9 @@ def main(argv=None) -> int:
     ap.add_argument("--case", type=int, action="append", help="CASES index (default: all)")
     ap.add_argument("--raw", type=Path, help="keep ncu's CSV logs here (default: discarded)")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"))
+    ap.add_argument("--details", action="store_true",
+                    help="the matmul families' cases through ncu's details page, into "
+                         "profile_details.parquet (instead of the DRAM bytes)")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--order", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -294,16 +377,21 @@ def main(argv=None) -> int:
     raw = args.raw or Path(tempfile.mkdtemp(prefix="ncu_"))
     raw.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i in args.case or range(len(CASES)):
-        rows += profile_case(i, ncu, raw, meta)
+    cases = args.case or [i for i, c in enumerate(CASES)
+                          if not args.details or c[0] in DETAIL_FAMILIES]
+    run_case, name = ((details_case, "profile_details.parquet") if args.details
+                      else (profile_case, "profile.parquet"))
+    for i in cases:
+        rows += run_case(i, ncu, raw, meta)
         print(f"{CASES[i][0]} {CASES[i][1]}: {sum(r['status'] == 'ok' for r in rows)} kernels "
               "so far", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_parquet(args.out / "profile.parquet", index=False)
+        pd.DataFrame(rows).to_parquet(args.out / name, index=False)
     if args.raw is None:
         shutil.rmtree(raw, ignore_errors=True)
     with pd.option_context("display.width", 200):
-        print(summary(pd.DataFrame(rows)).round(3).to_string())
+        table = pd.DataFrame(rows)
+        print((details_summary(table) if args.details else summary(table)).round(1).to_string())
     return 0
 
 

@@ -497,6 +497,41 @@ def target_display(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def counter_display(counters: pd.DataFrame) -> pd.DataFrame:
+    """profile.target_counters' rows as the targets section shows them: the family, whose
+    kernel, the total time, then the longest kernel's use of the SM."""
+    def num(v, fmt):
+        return "—" if v is None or v != v else format(v, fmt)
+
+    rows = []
+    for r in counters.to_dict("records"):
+        rows.append({
+            "op": FAMILY_LABEL.get(r["family"], r["family"]),
+            "implementation": R.SHORT_LABEL.get(r["impl"], r["impl"]),
+            "kernels": int(r["kernels"]), "µs": num(r["us"], ".0f"),
+            "SM %": num(r.get("sm_pct"), ".0f"), "issue %": num(r.get("issue_pct"), ".0f"),
+            "cycles / issue": num(r.get("cycles_per_issue"), ".1f"),
+            "registers": num(r.get("registers"), ".0f"),
+            "occupancy %": num(r.get("occupancy_pct"), ".0f"),
+            "smem kB": num(r.get("smem_kb"), ".0f"), "waves": num(r.get("waves"), ".2g")})
+    return pd.DataFrame(rows)
+
+
+def counter_findings(counters: pd.DataFrame) -> dict:
+    """Per family with both kernels: our longest kernel's SM throughput and issue-slot use
+    against the other's, and our total time over theirs."""
+    out = {}
+    for family, g in counters.groupby("family", sort=False):
+        ours, other = g[g["impl"] == "triton_fused"], g[g["impl"] != "triton_fused"]
+        if len(ours) and len(other):
+            o, t = ours.iloc[0], other.iloc[0]
+            out[family] = dict(other=t["impl"], time_ratio=o["us"] / t["us"],
+                               sm=(o.get("sm_pct"), t.get("sm_pct")),
+                               issue=(o.get("issue_pct"), t.get("issue_pct")),
+                               occupancy=(o.get("occupancy_pct"), t.get("occupancy_pct")))
+    return out
+
+
 def target_findings(table: pd.DataFrame) -> dict:
     """What the chapter says of the targets: how many the data can check and how many are met;
     of the misses, the nearest and the farthest, by how much (our time over the goal's, or the

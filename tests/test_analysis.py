@@ -535,6 +535,83 @@ def test_profile_reads_ncu_details_pages():
         P.ncu_details("==PROF== nothing\n")
 
 
+def _details_with_markers(text: str) -> str:
+    """A recorded details page with a marker kernel before each of its kernels (as the profile
+    worker launches them), the IDs renumbered."""
+    import csv
+    import io
+
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    reader = csv.DictReader(io.StringIO("\n".join(lines[start:])))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=reader.fieldnames, quoting=csv.QUOTE_ALL)
+    writer.writeheader()
+    last = None
+    for row in reader:
+        kid = int(row["ID"])
+        if kid != last:
+            marker = {k: "" for k in reader.fieldnames}
+            marker.update({"ID": str(2 * kid), "Kernel Name": "profile_marker",
+                           "Metric Name": "Duration", "Metric Unit": "ns",
+                           "Metric Value": "1,500"})
+            writer.writerow(marker)
+            last = kid
+        writer.writerow(dict(row, ID=str(2 * kid + 1)))
+    return "\n".join(lines[:start]) + "\n" + out.getvalue()
+
+
+def test_profile_details_pair_our_kernel_with_the_fastest_other():
+    """--details: the details page's kernels split among the implementations by the markers
+    (which are dropped), one row per kernel with its metrics, failures as rows of their own;
+    target_counters keeps our fused kernel and the fastest other implementation, and the
+    synthesis display names them."""
+    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis import synthesis as S
+
+    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
+    details = P.ncu_details(_details_with_markers(
+        (folder / "ncu_softmax_v_5cbecbb.csv").read_text()))
+    assert len(details) == 2 * len(recorded) == 4
+    info = dict(order=["triton_fused", "sdpa_cudnn"], failed={"flag_gems": "ImportError: no"},
+                variants={"triton_fused": None, "sdpa_cudnn": "cudnn"})
+    base = dict(family="softmax_matmul", op="softmax_matmul", gpu="NVIDIA H100 80GB HBM3")
+    rows = pd.DataFrame(P.details_rows(base, details, info))
+    assert rows["impl"].tolist() == ["triton_fused", "sdpa_cudnn", "flag_gems"]
+    assert rows["status"].tolist() == ["ok", "ok", "failed"]
+    assert rows.loc[0, "duration_us"] == pytest.approx(recorded.loc[0, "duration_us"])
+    assert rows.loc[1, "registers"] == recorded.loc[1, "registers"]
+    assert "profile_marker" not in set(rows["kernel"].dropna())
+    # A third implementation, slower than cuDNN: the pair is still ours and the fastest other.
+    slow = rows.iloc[[1]].assign(impl="torch_eager", duration_us=1e6)
+    unfused = rows.iloc[[1]].assign(impl="triton_unfused", duration_us=1.0)
+    counters = P.target_counters(pd.concat([rows, slow, unfused], ignore_index=True))
+    assert counters["impl"].tolist() == ["triton_fused", "sdpa_cudnn"]
+    shown = S.counter_display(counters)
+    assert shown["implementation"].tolist() == ["fused", "cuDNN"]
+    assert shown.loc[0, "op"] == "softmax(X) @ V" and shown.loc[0, "registers"] != "—"
+    said = S.counter_findings(counters)["softmax_matmul"]
+    assert said["other"] == "sdpa_cudnn"
+    assert said["time_ratio"] == pytest.approx(
+        recorded.loc[0, "duration_us"] / recorded.loc[1, "duration_us"])
+
+
+def test_profile_details_case_reports_a_failed_ncu(tmp_path):
+    """An ncu that fails (no counters allowed, a bad section) is a failed row with its message,
+    not a crash that loses the other cases."""
+    from triton_fusion_report.analysis import profile as P
+
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM: no permission' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    case = next(i for i, c in enumerate(P.CASES) if c[0] == "attention")
+    rows = P.details_case(case, str(fake), tmp_path, dict(gpu="x"))
+    assert len(rows) == 1 and rows[0]["status"] == "failed"
+    assert "ERR_NVGPUCTRPERM" in rows[0]["error"] and rows[0]["family"] == "attention"
+    assert {c[0] for c in P.CASES if c[0] in P.DETAIL_FAMILIES} == set(P.DETAIL_FAMILIES)
+
+
 def test_workers_share_the_problems_and_merge(tmp_path):
     """--workers 2: each configuration measured once, by one of two processes (each its own run,
     limits and run record), merged into the folder as one run's files; no parts left behind."""
@@ -957,3 +1034,40 @@ def test_promote_refuses_a_patchwork(tmp_path):
     (into / "softmax.parquet").write_text("old")
     assert promote.main([str(run), str(into)]) == 1
     assert (into / "softmax.parquet").read_text() == "old"
+
+
+def test_promote_takes_a_later_step_only_with_the_same_kernels(tmp_path, monkeypatch):
+    """A later step's file (the profile) from another commit is accepted where kernels/ is the
+    same at both commits, refused where it differs; the sweep's files must be the run's commit
+    whatever the kernels."""
+    from triton_fusion_report.analysis import promote
+
+    run = _a_finished_run(tmp_path / "run")
+    later = "d" * 40
+    pd.DataFrame(dict(git_commit=[later], family=["attention"])).to_parquet(
+        run / "profile_details.parquet")
+    same = {("c" * 40, later)}
+    monkeypatch.setattr(promote, "same_kernels", lambda a, b: (a, b) in same)
+    assert promote.problems(run) == []
+    same.clear()
+    assert any("profile_details.parquet: git_commit" in w and "kernels/ differs" in w
+               for w in promote.problems(run))
+    same.add(("c" * 40, later))
+    df = pd.read_parquet(run / "softmax.parquet").assign(git_commit=later)
+    df.to_parquet(run / "softmax.parquet")
+    assert any(w.startswith("softmax.parquet: git_commit") for w in promote.problems(run))
+
+
+def test_promote_asks_git_whether_kernels_changed():
+    """same_kernels on this repository: a commit against itself (kernels/ the same) and against
+    an unknown commit (refused)."""
+    import subprocess
+
+    from triton_fusion_report.analysis import promote
+
+    head = subprocess.run(["git", "-C", str(promote.REPO), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert promote.same_kernels(head.stdout.strip(), head.stdout.strip())
+    assert not promote.same_kernels(head.stdout.strip(), "0" * 40)

@@ -621,3 +621,35 @@ def test_run_record_counts_the_caches():
     for key in ("inductor_cache_files_start", "triton_cache_kernels_start",
                 "flaggems_cache_files_start"):
         assert key in row and key in schema.RUNS
+
+
+def test_targets_section_reads_the_kernels_counters(tmp_path, monkeypatch):
+    """With profile_details.parquet in the results folder, the targets section puts our fused
+    kernel beside the fastest other one per family, from the counters, and says by how much;
+    without it (the reference before such a profile) it says none were measured."""
+    import shutil
+
+    from triton_fusion_report.analysis import profile as P
+
+    qmd = next(q for q in CHAPTERS if q.stem == "synthesis")
+    ref = ROOT / "results" / "reference" / "h100"
+    folder = tmp_path / "run"
+    shutil.copytree(ref, folder)
+    page = P.ncu_details((ref / "ncu_softmax_v_5cbecbb.csv").read_text())
+    meta = dict(gpu="NVIDIA H100 80GB HBM3", started_at="2026-11-26T06:00:00+00:00",
+                git_commit="d3667c4b9eb213d90ad96ef04b4ca00b8937f752", status="ok",
+                family="softmax_matmul", op="softmax_matmul")
+    rows = [dict(meta, impl=impl, kernel=r["kernel"],
+                 **{m: r[m] for m in P.DETAIL_METRICS.values() if m in r})
+            for impl, r in zip(["triton_fused", "torch_compile"], page.to_dict("records"))]
+    pd.DataFrame(rows).to_parquet(folder / "profile_details.parquet")
+    ns = _chapter_namespace(qmd, folder, monkeypatch)
+    assert list(ns["counters"]["impl"]) == ["triton_fused", "torch_compile"]
+    assert ns["counter_text"].startswith("softmax(X) @ V: ours takes")
+    assert "d3667c4b9eb2" in ns["det_src"]
+    display = ns["S"].counter_display(ns["counters"])
+    assert list(display["implementation"]) == ["fused", "compile"]
+    assert "—" not in str(R.md_table(display))
+    if not (ref / "profile_details.parquet").exists():
+        ns = _chapter_namespace(qmd, ref, monkeypatch)
+        assert ns["counters"] is None and "no such counters" in ns["counter_text"]

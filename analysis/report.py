@@ -448,6 +448,13 @@ def span(table: pd.DataFrame, column: str) -> tuple[float, float]:
     return float(table[column].min()), float(table[column].max())
 
 
+def range_text(lo: float, hi: float, fmt: str) -> str:
+    """"lo to hi" in fmt, or the one value where both read the same (a range of one run, of
+    equal values, never "7.5 to 7.5")."""
+    a, b = format(lo, fmt), format(hi, fmt)
+    return a if a == b else f"{a} to {b}"
+
+
 def limit_methods(limits: pd.DataFrame) -> pd.DataFrame:
     """How each limit was measured: its label and the detail recorded by the latest run."""
     if not len(limits):

@@ -653,3 +653,21 @@ def test_targets_section_reads_the_kernels_counters(tmp_path, monkeypatch):
     if not (ref / "profile_details.parquet").exists():
         ns = _chapter_namespace(qmd, ref, monkeypatch)
         assert ns["counters"] is None and "no such counters" in ns["counter_text"]
+
+
+def test_conclusions_count_every_whole_op_library_and_ignore_ties():
+    """The synthesis conclusions: cuBLASLt's epilogue and the peer libraries are libraries of
+    the whole op (a loss to one is named); a library within the noise margin of ours is a tie,
+    not "ahead"."""
+    from triton_fusion_report.analysis import synthesis as S
+
+    assert {"cublaslt", "liger", "flag_gems", "sdpa_cudnn"} <= set(S.LIBRARIES)
+    table = pd.DataFrame([
+        {"family": "softmax", "vs Triton unfused": 2.0, "vs eager": 1.2, "vs torch.compile": 1.0,
+         "vs best library": 0.998, "best library": "Liger-Kernel"},
+        {"family": "linear + GELU", "vs Triton unfused": 1.01, "vs eager": 0.99,
+         "vs torch.compile": 1.02, "vs best library": 0.96, "best library": "cuBLASLt epilogue"},
+    ])
+    said = S.conclusions(table)
+    assert said["library_ahead"] == "linear + GELU (0.96×)"
+    assert said["loses"] == "linear + GELU (cuBLASLt epilogue 1.04× faster)"

@@ -123,8 +123,10 @@ def peak_mib(fn, device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
+    # Read after the reset, which sets the peak to what is allocated then: a tensor the garbage
+    # collector frees between the two reads cannot make the peak fall below the base.
+    base = torch.cuda.memory_allocated(device)
     out = fn()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base

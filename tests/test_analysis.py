@@ -1071,3 +1071,20 @@ def test_promote_asks_git_whether_kernels_changed():
         pytest.skip("not a git checkout")
     assert promote.same_kernels(head.stdout.strip(), head.stdout.strip())
     assert not promote.same_kernels(head.stdout.strip(), "0" * 40)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured on a GPU")
+def test_peak_memory_never_falls_below_the_base():
+    """A tensor freed during the measured call (or by the garbage collector between the reads)
+    cannot make the recorded peak negative; a call that allocates 4 MiB records at least that."""
+    from triton_fusion_report.analysis import timing
+
+    device = torch.device("cuda")
+    held = [torch.empty(2**20, device=device)]  # 4 MiB, freed by the call below
+
+    def frees():
+        held.clear()
+        return None
+
+    assert timing.peak_mib(frees, device) >= 0
+    assert timing.peak_mib(lambda: torch.empty(2**20, device=device), device) >= 4

@@ -366,13 +366,16 @@ def linear_act_findings(df) -> dict:
                 compile_tflops=R.value_at(sel, "torch_compile", "device_tflops"),
                 cublas_tflops=R.value_at(sel, "cublas", "device_tflops"),
                 eager_tflops=R.value_at(sel, "torch_eager", "device_tflops"),
+                cublaslt_tflops=R.value_at(sel, "cublaslt", "device_tflops"),
                 # Device µs of the 8192-cubed float16 rows: where the fused kernel's time over
                 # cuBLAS's plain matmul goes (our matmul: unfused pair - eager, the same two steps
                 # on another matmul; the epilogue: fused - unfused).
                 **{f"{impl}_us": 1e3 * R.value_at(sel, impl, "ms_device")
                    for impl in ("triton_fused", "triton_unfused", "torch_eager", "cublas")},
-                tf32_m=tf32_m, **{f"tf32_{impl}_ms": R.value_at(tf32, impl, "ms_median")
-                                  for impl in ("triton_fused", "cublas", "torch_compile")})
+                tf32_m=tf32_m,
+                **{f"tf32_{impl}_ms": R.value_at(tf32.assign(t=synthesis.device_time(tf32)),
+                                                 impl, "t")
+                   for impl in ("triton_fused", "cublas", "torch_compile", "torch_eager")})
 
 
 def user_shapes(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:

@@ -19,7 +19,7 @@ STYLE = {
     "sdpa_efficient": dict(color="#8c564b", marker="x", ls="-"),
     "cublas": dict(color="#17becf", marker="*", ls=":"),
     "torch_compile_max": dict(color="#1f77b4", marker="s", ls=":", mfc="white"),
-    "cublaslt": dict(color="#17becf", marker="X", ls="-"),
+    "cublaslt": dict(color="#0b7285", marker="X", ls="-"),  # darker than cuBLAS: bars side by side
     "liger": dict(color="#bcbd22", marker="h", ls="-"),
     "flag_gems": dict(color="#e377c2", marker="p", ls="-"),
 }

@@ -191,32 +191,43 @@ DETAIL_SUMMARY = ("sm_pct", "issue_pct", "cycles_per_issue", "registers", "occup
                   "theoretical_occupancy_pct", "smem_kb", "waves")
 
 
+SUMMARY_COLUMNS = ["family", "op", "impl", "kernels", "us", "main_kernel", *DETAIL_SUMMARY]
+
+
 def details_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (family, op, impl) of profile_details rows: kernels, their total µs, and the longest
-    kernel's name and DETAIL_SUMMARY metrics (the one that decides the implementation's time)."""
-    ok = rows[rows["status"] == "ok"].copy()
+    kernel's name and DETAIL_SUMMARY metrics (the one that decides the implementation's time).
+    An implementation with a kernel of unknown duration is left out (its total would be short)."""
     out = []
-    for (family, op, impl), g in ok.groupby(["family", "op", "impl"], sort=False):
-        main = g.loc[g["duration_us"].idxmax()]
-        out.append(dict(family=family, op=op, impl=impl, kernels=len(g),
-                        us=g["duration_us"].sum(), main_kernel=main["kernel"],
-                        **{m: main[m] for m in DETAIL_SUMMARY if m in g}))
-    return pd.DataFrame(out)
+    if "duration_us" in rows and "status" in rows:
+        ok = rows[rows["status"] == "ok"]
+        for (family, op, impl), g in ok.groupby(["family", "op", "impl"], sort=False):
+            if g["duration_us"].isna().any():
+                continue
+            main = g.loc[g["duration_us"].idxmax()]
+            out.append(dict(family=family, op=op, impl=impl, kernels=len(g),
+                            us=g["duration_us"].sum(), main_kernel=main["kernel"],
+                            **{m: main[m] for m in DETAIL_SUMMARY if m in g}))
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+# Not an implementation of the whole op: ours unfused, and cuBLAS's matmul alone.
+NOT_RIVALS = ("triton_fused", "triton_unfused", "cublas")
 
 
 def target_counters(rows: pd.DataFrame) -> pd.DataFrame:
     """details_summary's rows for our fused kernel and, per family, the fastest implementation
-    that is not ours (shortest total µs): how the two use the SM, side by side."""
+    of the same op that is not ours (shortest total µs): how the two use the SM, side by side."""
     s = details_summary(rows)
     out = []
     for _, g in s.groupby(["family", "op"], sort=False):
         ours = g[g["impl"] == "triton_fused"]
-        others = g[~g["impl"].isin(["triton_fused", "triton_unfused"])]
+        others = g[~g["impl"].isin(NOT_RIVALS)]
         if len(ours):
             out.append(ours.iloc[0])
             if len(others):
                 out.append(others.loc[others["us"].idxmin()])
-    return pd.DataFrame(out).reset_index(drop=True)
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS).reset_index(drop=True)
 
 
 def fusion_ratios(rows: pd.DataFrame) -> pd.DataFrame:
@@ -309,7 +320,10 @@ def profile_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]
                           ["--print-units", "base", "--metrics", ",".join(METRICS)], "")
     if info is None:
         return [dict(base, impl=None, status="failed", error=text)]
-    kernels = attribute(parse_ncu_csv(text), info["order"])
+    try:
+        kernels = attribute(parse_ncu_csv(text), info["order"])
+    except ValueError as exc:  # no table, or kernels the markers cannot attribute
+        return [dict(base, impl=None, status="failed", error=f"ncu's log: {exc}")]
     rows = [dict(base, impl=r["impl"], variant=info["variants"].get(r["impl"]),
                  kernel=r["kernel"], kernel_index=int(r["id"]), dram_read=r[METRICS[0]],
                  dram_write=r[METRICS[1]], bytes_model_impl=info["bytes_impl"].get(r["impl"]),
@@ -328,7 +342,10 @@ def details_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]
                           ["--print-units", "base", *sections, "--page", "details"], "details_")
     if info is None:
         return [dict(base, impl=None, status="failed", error=text)]
-    return details_rows(base, ncu_details(text), info)
+    try:
+        return details_rows(base, ncu_details(text), info)
+    except ValueError as exc:  # no table, or kernels the markers cannot attribute
+        return [dict(base, impl=None, status="failed", error=f"ncu's log: {exc}")]
 
 
 def details_rows(base: dict, details: pd.DataFrame, info: dict) -> list[dict]:
@@ -391,7 +408,8 @@ def main(argv=None) -> int:
         shutil.rmtree(raw, ignore_errors=True)
     with pd.option_context("display.width", 200):
         table = pd.DataFrame(rows)
-        print((details_summary(table) if args.details else summary(table)).round(1).to_string())
+        print(details_summary(table).round(1).to_string() if args.details
+              else summary(table).round(3).to_string())
     return 0
 
 

@@ -5,10 +5,11 @@ and CSV) are copied in, and INTO's data files that RUN lacks are removed, except
 Compute documents the chapters cite (`ncu_*.csv`, profiles of earlier commits). A patchwork is
 replaced, not kept beside (issue 15). Refused, with every reason, unless RUN is one clean run:
 one finished run record with a clean tree, the sweep's rows of that run id, every Parquet row
-of that commit, and every family of the grid present. A later step's file (the profile, seed
-002) may come from a later commit only where `kernels/` is the same at both commits (an analysis
-fix or a new measurement of the same kernels; git says so). `--dry-run` prints what would
-change.
+of that commit, and every family of the grid present. A later step's file (the profile's
+details, seed 002) may come from another commit only where what it measures is the same at both
+(MEASURED: the kernels, the problems and baselines of the grid, and the step's own benchmark
+where it has one; git says so): an analysis fix or a new reading of the same kernels.
+`--dry-run` prints what would change.
 """
 from __future__ import annotations
 
@@ -25,14 +26,32 @@ from .__main__ import FAMILIES
 DATA_SUFFIXES = (".parquet", ".csv")
 KEPT_DOCUMENTS = "ncu_*.csv"
 REPO = Path(__file__).resolve().parents[1]
+# What a later step measures, as paths from the repository's top: the kernels, and the modules
+# that define the grid's problems and baselines (the family modules, the sweep, the peers, the
+# traffic model); a step with a benchmark of its own adds that.
+MEASURED = ("kernels", "analysis/__main__.py", "analysis/sweep.py", "analysis/attention.py",
+            "analysis/elementwise.py", "analysis/reductions.py", "analysis/matmul_epilogue.py",
+            "analysis/peers.py", "analysis/traffic.py", "analysis/schema.py")
+# The counters need no timing; another step's file is held to the timing protocol too.
+MEASURED_BY_FILE = {"seed002.parquet": ("analysis/seed002.py", "analysis/timing.py"),
+                    "profile.parquet": (), "profile_details.parquet": ()}
 
 
-def same_kernels(a: str, b: str) -> bool:
-    """True where commits a and b of this repository hold the same `kernels/` (False where git
-    does not know either)."""
-    done = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", a, b, "--", "kernels"],
-                          capture_output=True)
-    return done.returncode == 0
+def _git(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+
+
+def same_measured(a: str, b: str, name: str = "") -> bool:
+    """True where commits a and b of this repository (REPO must be the top of its checkout)
+    hold the same MEASURED paths, and those of file `name`; False where git does not know
+    either commit."""
+    top = _git("rev-parse", "--show-toplevel")
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != REPO:
+        return False
+    if any(_git("cat-file", "-e", f"{c}^{{commit}}").returncode != 0 for c in (a, b)):
+        return False
+    paths = [f":(top){p}" for p in MEASURED + MEASURED_BY_FILE.get(name, ("analysis/timing.py",))]
+    return _git("diff", "--quiet", a, b, "--", *paths).returncode == 0
 
 
 def problems(run: Path) -> list[str]:
@@ -66,12 +85,13 @@ def problems(run: Path) -> list[str]:
             seen = sorted(set(df[column].dropna().astype(str)))
             if seen == [str(want)]:
                 continue
-            if (column == "git_commit" and path.name not in sweep_files
-                    and all(same_kernels(str(want), c) for c in seen)):
-                continue  # a later step at a commit with the run's kernels
-            out.append(f"{path.name}: {column} {seen}, not {want}"
-                       + ("" if path.name in sweep_files or column != "git_commit"
-                          else " (and kernels/ differs)"))
+            if (column == "git_commit" and path.name not in sweep_files and seen
+                    and all(same_measured(str(want), c, path.name) for c in seen)):
+                continue  # a later step, at a commit that measures the same code
+            why = ("" if path.name in sweep_files or column != "git_commit" else
+                   " (no commit recorded)" if not seen else
+                   " (a commit git does not know, or what it measures differs)")
+            out.append(f"{path.name}: {column} {seen}, not {want}{why}")
     return out
 
 

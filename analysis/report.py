@@ -230,7 +230,7 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
 BENCH_CSVS = ("host_overhead.csv", "launch_cost.csv", "model_check.csv", "model_train.csv",
               "seed002_ieee.csv", "seed002_tf32.csv")
 # Parquet files of a results folder that hold no family's sweep rows.
-NOT_FAMILY_FILES = ("limits", "runs", "profile")
+NOT_FAMILY_FILES = ("limits", "runs", "profile", "profile_details")
 
 
 def family_rows(results: Path) -> pd.DataFrame:

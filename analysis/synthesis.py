@@ -514,7 +514,7 @@ def counter_display(counters: pd.DataFrame) -> pd.DataFrame:
             "cycles / issue": num(r.get("cycles_per_issue"), ".1f"),
             "registers": num(r.get("registers"), ".0f"),
             "occupancy %": num(r.get("occupancy_pct"), ".0f"),
-            "smem kB": num(r.get("smem_kb"), ".0f"), "waves": num(r.get("waves"), ".2g")})
+            "smem kB": num(r.get("smem_kb"), ".0f"), "waves": num(r.get("waves"), ".3g")})
     return pd.DataFrame(rows)
 
 
@@ -522,6 +522,8 @@ def counter_findings(counters: pd.DataFrame) -> dict:
     """Per family with both kernels: our longest kernel's SM throughput and issue-slot use
     against the other's, and our total time over theirs."""
     out = {}
+    if counters is None or not len(counters):
+        return out
     for family, g in counters.groupby("family", sort=False):
         ours, other = g[g["impl"] == "triton_fused"], g[g["impl"] != "triton_fused"]
         if len(ours) and len(other):

@@ -1,5 +1,7 @@
 """The traffic model's numbers, the Parquet sink, and a sweep smoke run on a tiny grid."""
+import sys
 from pathlib import Path
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -586,8 +588,15 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     # A third implementation, slower than cuDNN: the pair is still ours and the fastest other.
     slow = rows.iloc[[1]].assign(impl="torch_eager", duration_us=1e6)
     unfused = rows.iloc[[1]].assign(impl="triton_unfused", duration_us=1.0)
-    counters = P.target_counters(pd.concat([rows, slow, unfused], ignore_index=True))
+    alone = rows.iloc[[1]].assign(impl="cublas", duration_us=1.0)  # the matmul alone: no rival
+    counters = P.target_counters(pd.concat([rows, slow, unfused, alone], ignore_index=True))
     assert counters["impl"].tolist() == ["triton_fused", "sdpa_cudnn"]
+    # A kernel of unknown duration leaves its implementation out; no ok row, an empty table.
+    unknown = rows.iloc[[1]].assign(impl="torch_compile", duration_us=float("nan"))
+    assert "torch_compile" not in set(P.details_summary(pd.concat([rows, unknown]))["impl"])
+    failed = rows[rows["status"] == "failed"]
+    assert len(P.target_counters(failed)) == 0 and "impl" in P.target_counters(failed)
+    assert len(P.details_summary(pd.DataFrame([dict(status="failed")]))) == 0
     shown = S.counter_display(counters)
     assert shown["implementation"].tolist() == ["fused", "cuDNN"]
     assert shown.loc[0, "op"] == "softmax(X) @ V" and shown.loc[0, "registers"] != "—"
@@ -610,6 +619,15 @@ def test_profile_details_case_reports_a_failed_ncu(tmp_path):
     assert len(rows) == 1 and rows[0]["status"] == "failed"
     assert "ERR_NVGPUCTRPERM" in rows[0]["error"] and rows[0]["family"] == "attention"
     assert {c[0] for c in P.CASES if c[0] in P.DETAIL_FAMILIES} == set(P.DETAIL_FAMILIES)
+    # ncu exits 0 but its log holds no table: a failed row too, the other cases go on.
+    fake.write_text("#!" + sys.executable + "\nimport json, sys\na = sys.argv\n"
+                    "open(a[a.index('--log-file') + 1], 'w').write('==PROF== nothing\\n')\n"
+                    "open(a[a.index('--order') + 1], 'w').write(json.dumps(dict(order=['x'], "
+                    "failed={}, variants={}, bytes_impl={})))\n")
+    rows = P.details_case(case, str(fake), tmp_path, dict(gpu="x"))
+    assert len(rows) == 1 and rows[0]["status"] == "failed" and "no ncu CSV" in rows[0]["error"]
+    rows = P.profile_case(case, str(fake), tmp_path, dict(gpu="x"))
+    assert len(rows) == 1 and rows[0]["status"] == "failed" and "no ncu CSV" in rows[0]["error"]
 
 
 def test_workers_share_the_problems_and_merge(tmp_path):
@@ -1036,10 +1054,10 @@ def test_promote_refuses_a_patchwork(tmp_path):
     assert (into / "softmax.parquet").read_text() == "old"
 
 
-def test_promote_takes_a_later_step_only_with_the_same_kernels(tmp_path, monkeypatch):
-    """A later step's file (the profile) from another commit is accepted where kernels/ is the
-    same at both commits, refused where it differs; the sweep's files must be the run's commit
-    whatever the kernels."""
+def test_promote_takes_a_later_step_only_where_it_measures_the_same(tmp_path, monkeypatch):
+    """A later step's file (the profile's details) from another commit is accepted where what it
+    measures is the same at both commits, refused where it differs or no commit is recorded;
+    the sweep's files must be the run's commit whatever the code."""
     from triton_fusion_report.analysis import promote
 
     run = _a_finished_run(tmp_path / "run")
@@ -1047,30 +1065,41 @@ def test_promote_takes_a_later_step_only_with_the_same_kernels(tmp_path, monkeyp
     pd.DataFrame(dict(git_commit=[later], family=["attention"])).to_parquet(
         run / "profile_details.parquet")
     same = {("c" * 40, later)}
-    monkeypatch.setattr(promote, "same_kernels", lambda a, b: (a, b) in same)
+    monkeypatch.setattr(promote, "same_measured", lambda a, b, name="": (a, b) in same)
     assert promote.problems(run) == []
     same.clear()
-    assert any("profile_details.parquet: git_commit" in w and "kernels/ differs" in w
+    assert any("profile_details.parquet: git_commit" in w and "measures differs" in w
                for w in promote.problems(run))
     same.add(("c" * 40, later))
+    pd.DataFrame(dict(git_commit=[None], family=["attention"])).to_parquet(
+        run / "profile_details.parquet")
+    assert any("no commit recorded" in w for w in promote.problems(run))
+    pd.DataFrame(dict(git_commit=[later], family=["attention"])).to_parquet(
+        run / "profile_details.parquet")
     df = pd.read_parquet(run / "softmax.parquet").assign(git_commit=later)
     df.to_parquet(run / "softmax.parquet")
     assert any(w.startswith("softmax.parquet: git_commit") for w in promote.problems(run))
 
 
-def test_promote_asks_git_whether_kernels_changed():
-    """same_kernels on this repository: a commit against itself (kernels/ the same) and against
-    an unknown commit (refused)."""
-    import subprocess
-
+def test_promote_asks_git_what_changed():
+    """same_measured on this repository's history: d3667c4 and 45020ef differ in kernels/
+    (refused); d3667c4 and f00a44d differ only in modules that measure nothing (the profile's
+    reader, promote, the report): accepted; by 95ab8e4 timing.py changed, which seed 002's
+    benchmark uses (refused for it, not for the profile's details); an unknown commit: refused."""
     from triton_fusion_report.analysis import promote
 
-    head = subprocess.run(["git", "-C", str(promote.REPO), "rev-parse", "HEAD"],
-                          capture_output=True, text=True)
-    if head.returncode != 0:
-        pytest.skip("not a git checkout")
-    assert promote.same_kernels(head.stdout.strip(), head.stdout.strip())
-    assert not promote.same_kernels(head.stdout.strip(), "0" * 40)
+    full = {}
+    for short in ("d3667c4", "45020ef", "f00a44d", "95ab8e4"):
+        done = promote._git("rev-parse", "--verify", "--quiet", f"{short}^{{commit}}")
+        if done.returncode != 0:
+            pytest.skip("not a checkout with this repository's history")
+        full[short] = done.stdout.strip()
+    assert promote.same_measured(full["d3667c4"], full["d3667c4"])
+    assert not promote.same_measured(full["d3667c4"], full["45020ef"])
+    assert promote.same_measured(full["d3667c4"], full["f00a44d"], "profile_details.parquet")
+    assert promote.same_measured(full["d3667c4"], full["95ab8e4"], "profile_details.parquet")
+    assert not promote.same_measured(full["d3667c4"], full["95ab8e4"], "seed002.parquet")
+    assert not promote.same_measured(full["d3667c4"], "0" * 40)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured on a GPU")

@@ -650,6 +650,16 @@ def test_targets_section_reads_the_kernels_counters(tmp_path, monkeypatch):
     display = ns["S"].counter_display(ns["counters"])
     assert list(display["implementation"]) == ["fused", "compile"]
     assert "—" not in str(R.md_table(display))
+    # The details are no sweep rows: one run still, nothing mixed, no row counted as untimed.
+    assert R.provenance(folder, R.load_limits(folder))["runs"] == R.provenance(
+        ref, R.load_limits(ref))["runs"]
+    assert R.mixture(folder)["mixed"] == R.mixture(ref)["mixed"]
+    assert len(R.family_rows(folder)) == len(R.family_rows(ref))
+    # Only failed rows: the section says the profile failed, and why.
+    pd.DataFrame([dict(meta, impl=None, status="failed", error="ERR_NVGPUCTRPERM")]).to_parquet(
+        folder / "profile_details.parquet")
+    ns = _chapter_namespace(qmd, folder, monkeypatch)
+    assert ns["counters"] is None and "ERR_NVGPUCTRPERM" in ns["counter_text"]
     if not (ref / "profile_details.parquet").exists():
         ns = _chapter_namespace(qmd, ref, monkeypatch)
         assert ns["counters"] is None and "no such counters" in ns["counter_text"]

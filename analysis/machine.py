@@ -40,17 +40,28 @@ SPEC_BW = {"NVIDIA H100 80GB HBM3": 3350.0, "NVIDIA H200": 4800.0, "NVIDIA H100 
            "NVIDIA A100-SXM4-80GB": 2039.0, "NVIDIA A100-SXM4-40GB": 1555.0}
 
 
+def git(*args) -> str:
+    """git's output in the project's folder; raises CalledProcessError where git fails."""
+    return subprocess.run(["git", *args], cwd=ROOT, text=True, capture_output=True,
+                          check=True).stdout.strip()
+
+
+def own_checkout() -> bool:
+    """True where the project's folder is the top of a git checkout: an unpacked copy inside
+    another repository must not read that repository's history."""
+    try:
+        return Path(git("rev-parse", "--show-toplevel")).resolve() == ROOT.resolve()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
 def git_commit() -> str:
     """The full commit of this checkout, "-dirty" if tracked files differ from it; "unknown"
-    where this folder is not the top of a git checkout (an unpacked copy inside another
-    repository must not record that repository's commit). Never typed by hand: a run on another
-    machine runs in a clone of the commit (a git bundle travels, not a label)."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, text=True, capture_output=True,
-                              check=True).stdout.strip()
+    outside the project's own checkout. Never typed by hand: a run on another machine runs in
+    a clone of the commit (a git bundle travels, not a label)."""
+    if not own_checkout():
+        return "unknown"
     try:
-        if Path(git("rev-parse", "--show-toplevel")).resolve() != ROOT.resolve():
-            return "unknown"
         dirty = git("status", "--porcelain", "--untracked-files=no")
         return git("rev-parse", "HEAD") + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):

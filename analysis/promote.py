@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import machine
 from .__main__ import FAMILIES
 
 DATA_SUFFIXES = (".parquet", ".csv")
 KEPT_DOCUMENTS = "ncu_*.csv"
-REPO = Path(__file__).resolve().parents[1]
 # What a later step measures, as paths from the repository's top: the kernels, and the modules
 # that define the grid's problems and baselines (the family modules, the sweep, the peers, the
 # traffic model); a step with a benchmark of its own adds that.
@@ -37,21 +37,19 @@ MEASURED_BY_FILE = {"seed002.parquet": ("analysis/seed002.py", "analysis/timing.
                     "profile.parquet": (), "profile_details.parquet": ()}
 
 
-def _git(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-
-
 def same_measured(a: str, b: str, name: str = "") -> bool:
-    """True where commits a and b of this repository (REPO must be the top of its checkout)
-    hold the same MEASURED paths, and those of file `name`; False where git does not know
-    either commit."""
-    top = _git("rev-parse", "--show-toplevel")
-    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != REPO:
-        return False
-    if any(_git("cat-file", "-e", f"{c}^{{commit}}").returncode != 0 for c in (a, b)):
+    """True where commits a and b of the project's own checkout hold the same MEASURED paths,
+    and those of file `name`; False where git does not know either commit."""
+    if not machine.own_checkout():
         return False
     paths = [f":(top){p}" for p in MEASURED + MEASURED_BY_FILE.get(name, ("analysis/timing.py",))]
-    return _git("diff", "--quiet", a, b, "--", *paths).returncode == 0
+    try:
+        for c in (a, b):
+            machine.git("cat-file", "-e", f"{c}^{{commit}}")
+        machine.git("diff", "--quiet", a, b, "--", *paths)  # exit 1: they differ
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return True
 
 
 def problems(run: Path) -> list[str]:

@@ -713,3 +713,24 @@ def test_introduction_names_a_bench_spread_over_gpus(tmp_path, monkeypatch):
     assert "the workers of one bench spread over 2 GPUs" in ns["runs_text"]
     ref_src = R.provenance(ref, R.load_limits(ref))
     assert (ref_src["runs"], ref_src["gpus"]) == (1, 1)
+
+
+def test_methods_give_a_multi_gpu_sweep_its_wall_time(tmp_path, monkeypatch):
+    """A sweep spread over GPUs: the methods chapter gives the busiest GPU's minutes (the wall
+    time), not only the sum over all of them."""
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "reference" / "h100", folder)
+    for path in folder.glob("*.parquet"):
+        if path.stem in R.NOT_FAMILY_FILES:
+            continue
+        df = pd.read_parquet(path)
+        if "gpu_index" in df:
+            df["gpu_index"] = df.index % 2
+            df.to_parquet(path)
+    ns = _chapter_namespace(ROOT / "report" / "methods.qmd", folder, monkeypatch)
+    assert "Spread over 2 GPUs, the busiest one's rows took" in str(ns["cost_sentence"])
+    ns = _chapter_namespace(ROOT / "report" / "methods.qmd", ROOT / "results" / "reference" / "h100",
+                            monkeypatch)
+    assert "Spread over" not in str(ns["cost_sentence"])

@@ -490,7 +490,8 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     sm_scale, key = _check_inputs(q, k, v, causal, sm_scale, with_key=True)
     return_lse = bool(return_lse)
     options = (block_m, block_n, num_warps, num_stages)
-    if key is not None and all(o is None or o.__class__ is int for o in options):
+    if key is not None and (options == _NO_OPTIONS
+                            or all(o is None or o.__class__ is int for o in options)):
         key = key + options + (return_lse,)
         steady = _STEADY.get(key)
         if steady is not None:
@@ -632,6 +633,8 @@ class _Steady:
                *self.ints, **self.kwargs)
         return out if lse is None else (out, lse)
 
+
+_NO_OPTIONS = (None, None, None, None)
 
 # Steady-state launchers by triton_fused's key (layout, causal, scale, options, return_lse);
 # emptied with the plan caches, and when full.

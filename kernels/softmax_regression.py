@@ -16,6 +16,15 @@ matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_soft
   the output dtype; pass 2 is a light elementwise kernel that rewrites that buffer in place as
   probs. One matmul; the logits cost one extra write and read (2BC elements) but no separate
   max/sum reduction pass (the partials come from the matmul's epilogue).
+- "store_softmax": for C up to STORE_SOFTMAX_MAX_C, pass 1 is kernels.matmul_core's matmul (the
+  bias in its epilogue, its own tiles) writing the logits into the output buffer; pass 2 the row
+  softmax (kernels.stored_softmax) rewrites it in place, each row read once. The same traffic as
+  "two_pass_store" and as the unfused pair (whose logits buffer it saves), without computing
+  the row partials in the matmul's epilogue: on Hopper that epilogue runs while the tensor cores
+  idle (no warp specialisation in Triton 3.6), and the unfused pair was 4-91% faster than
+  "two_pass_store" wherever a row fits the softmax's one tile (C = 1000 to 4096, H100,
+  analysis/NOTES.md). Wider rows would be read twice by the softmax: there "two_pass_store"'s
+  partials pay (0.96x of the unfused pair at C = 32000 and 128256).
 - "split_k": for few rows and a long K, where the other methods leave most SMs idle (a grid of a
   handful of row blocks): pass 1 splits K across programs, each storing its float32 partial
   logits tile; pass 2, one program per row, sums the splits, adds the bias and writes the
@@ -50,9 +59,9 @@ from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands
                           _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
                           operand_strides, tf32_copies, tma_specs, tma_tile)
 
-SIMPLE, TILED, ONLINE, TWO_PASS_STORE, SPLIT_K = ("simple", "tiled", "online", "two_pass_store",
-                                                 "split_k")
-METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE, SPLIT_K)
+SIMPLE, TILED, ONLINE, TWO_PASS_STORE, STORE_SOFTMAX, SPLIT_K = (
+    "simple", "tiled", "online", "two_pass_store", "store_softmax", "split_k")
+METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE, STORE_SOFTMAX, SPLIT_K)
 
 # Largest class tile each single-tile method accepts (after padding C to a power of two).
 MAX_SIMPLE_C = 1024
@@ -60,6 +69,9 @@ MAX_TILED_C = 512
 # method=None recomputes the logits ("online") up to this K, else stores them (module docstring).
 # Half precision: "two_pass_store" won at K = 256 (2048 x 256 x 1000: 30 against 42 us device).
 ONLINE_MAX_K = {"half": 128, "tf32": 256, "ieee": 64}
+# method=None stores the logits with "store_softmax" up to this C (the softmax's one-tile width:
+# each row read once), with "two_pass_store" above it.
+STORE_SOFTMAX_MAX_C = 16384
 # method=None takes "simple" up to this many multiply-adds (B * K * C): one launch, no tensor-core
 # staging and no operand copy. Measured on the H100 (sweep of 2026-11-25, per call): simple beat
 # tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
@@ -362,7 +374,8 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     method=None: "simple" for small problems (B * K * C <= SIMPLE_MAX_WORK, C <= MAX_SIMPLE_C), else
     "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
     enough that recomputing the matmul is cheaper than storing the logits (ONLINE_MAX_K), else
-    "two_pass_store"; then "split_k" instead when K >= SPLIT_K_MIN_K, that method's grid fills
+    "store_softmax" up to STORE_SOFTMAX_MAX_C classes and "two_pass_store" above; then "split_k"
+    instead when K >= SPLIT_K_MIN_K, that method's grid fills
     fewer than half of sm_count SMs and split_k's plan takes at least SPLIT_K_MIN_SLICES K
     slices. Explicit tiles or launch options keep the first choice; an explicit block_c asks for
     one of the multi-tile methods (split_k only by name).
@@ -382,6 +395,8 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
             method = TILED
         elif K <= ONLINE_MAX_K[_precision_class(dtype, precision)]:
             method = ONLINE
+        elif C <= STORE_SOFTMAX_MAX_C:
+            method = STORE_SOFTMAX
         else:
             method = TWO_PASS_STORE
         overrides = (block_b, block_c, block_k, num_warps, num_stages)
@@ -397,6 +412,11 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
             return split if split.splits >= SPLIT_K_MIN_SLICES else plan
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
+    if method == STORE_SOFTMAX and any(o is not None for o in (block_b, block_c, block_k,
+                                                                num_warps, num_stages)):
+        raise ValueError("method 'store_softmax' runs kernels.matmul_core's matmul with that "
+                         "module's own tiles and launch options: block_b, block_c, block_k, "
+                         "num_warps and num_stages do not apply")
     stages = 3
     if method == SIMPLE:
         if c_pow2 > MAX_SIMPLE_C:
@@ -430,7 +450,7 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bb, bc, bk = (64, 128, 64) if half else (64, 128 if precision == "tf32" else 64, 32)
         bb, bc, bk = _pow2(B, 16, bb), _pow2(C, 16, bc), _pow2(K, 16, bk)
         warps = 8 if bb * bc >= 16384 else 4
-    else:
+    else:  # online, two_pass_store; for store_softmax only what the split_k choice compares
         if half:
             bb, bc, bk = 128, 256, 64
         elif precision == "tf32":
@@ -501,8 +521,10 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
                                block_b=block_b, block_c=block_c, block_k=block_k,
                                num_warps=num_warps, num_stages=num_stages,
                                sm_count=sm_count_of(x.device))
-    # The simple method's products are not tensor-core dots: nothing to copy for it.
-    copies = (False, False) if plan.method == SIMPLE else tf32_copies(x, weight, plan.precision)
+    # The simple method's products are not tensor-core dots: nothing to copy for it; the matmul
+    # of store_softmax makes its own copies.
+    copies = ((False, False) if plan.method in (SIMPLE, STORE_SOFTMAX)
+              else tf32_copies(x, weight, plan.precision))
     aligned = weight if copies[1] else _aligned_rows(weight, B)
     strides = (*operand_strides(x, aligned, copies),
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
@@ -512,7 +534,7 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows; NOTES.md) TMA
     # took 63 against 88 us at K 512, C 50 and 93 against 234 at K 1024, C 100, but 48 against 33
     # at K 128, C 10 (two K tiles: nothing to pipeline) and 68 against 61 at K 512, C 256.
-    if (plan.method not in (SIMPLE, SPLIT_K) and plan.precision != "ieee"
+    if (plan.method not in (SIMPLE, SPLIT_K, STORE_SOFTMAX) and plan.precision != "ieee"
             and tiles >= sm_count_of(x.device)
             and (plan.method != TILED or (plan.block_c <= 128 and K >= 256))
             and has_tma(x.device)):
@@ -532,7 +554,8 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
                          block_k=None, input_precision=None, num_warps=None,
                          num_stages=None) -> torch.Tensor:
     """softmax(x @ weight + bias, -1) with the logits never stored as a separate intermediate
-    (for "two_pass_store", stored once in the output buffer and rewritten in place).
+    (for "two_pass_store" and "store_softmax", stored once in the output buffer and rewritten in
+    place).
 
     x (B, K), weight (K, C), bias (C,) or None, any strides; output (B, C) in x's dtype. The
     methods and the plan are described in the module docstring and `matmul_softmax_plan`. The
@@ -548,6 +571,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     if how.pad_weight:
         weight = _aligned_rows(weight, B)
     out = empty((B, C), x.dtype, x.device)
+    if plan.method == STORE_SOFTMAX:
+        _gemm(x, weight, bias, out, "none", plan.precision, None, None, None, None, None, None)
+        return out if B == 0 or C == 0 else softmax_rows(out, out, max_block=STORE_SOFTMAX_MAX_C)
     if B == 0 or C == 0:
         return out
     has_bias = bias is not None

@@ -521,11 +521,13 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
                                block_b=block_b, block_c=block_c, block_k=block_k,
                                num_warps=num_warps, num_stages=num_stages,
                                sm_count=sm_count_of(x.device))
-    # The simple method's products are not tensor-core dots: nothing to copy for it; the matmul
-    # of store_softmax makes its own copies.
+    # The simple method's products are not tensor-core dots: nothing to copy for it. The matmul
+    # of store_softmax makes its own copies: the weight is padded only where it reads it as is.
     copies = ((False, False) if plan.method in (SIMPLE, STORE_SOFTMAX)
               else tf32_copies(x, weight, plan.precision))
-    aligned = weight if copies[1] else _aligned_rows(weight, B)
+    copied = copies[1] or (plan.method == STORE_SOFTMAX
+                           and tf32_copies(x, weight, plan.precision)[1])
+    aligned = weight if copied else _aligned_rows(weight, B)
     strides = (*operand_strides(x, aligned, copies),
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
     tma = None

@@ -124,9 +124,9 @@ def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
         monkeypatch.setattr(at, cache, {})
     if layout == "qkv_views":
         q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
-    elif layout == "grouped_kv_cache":
-        q = torch.randn(1, 4, 19, 32, device=device, dtype=torch.bfloat16)
-        k, v = (torch.randn(1, 2, 45, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
+    elif layout == "grouped_kv_cache":  # two batches: the key heads' batch stride is read
+        q = torch.randn(2, 4, 19, 32, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 2, 45, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
     else:
         q, k, v = qkv((2, 2, 37, 20 if layout == "head_dim_20" else 64), torch.float16, device)
     plan = at._plan(q, k, v, causal, 0.1, (None,) * 4, False)

@@ -609,13 +609,15 @@ def test_store_softmax_is_the_matmul_then_the_softmax_in_place(device, monkeypat
         x, w, b = ms_inputs(B, K, C, torch.float16, device)
         names = _kernels_run(monkeypatch)
         monkeypatch.setattr(stored_softmax, "launch", sr.launch)  # the spy
-        allocated = []
-        real_empty = sr.empty
-        monkeypatch.setattr(sr, "empty", lambda *a: allocated.append(a) or real_empty(*a))
+        allocated, softmaxed = [], []
+        for module in (sr, stored_softmax):
+            monkeypatch.setattr(module, "empty", lambda *a: allocated.append(a) or _common.empty(*a))
+        monkeypatch.setattr(sr, "softmax_rows", lambda t, o=None, **kw: softmaxed.append(
+            (t.data_ptr(), None if o is None else o.data_ptr()))
+            or stored_softmax.softmax_rows(t, o, **kw))
         out = sr.matmul_softmax_fused(x, w, b, method="store_softmax")
         assert names[0].startswith("_matmul") and names[-1] == "_softmax_rows_kernel"
-        assert len(allocated) == 1
+        assert len(allocated) == 1 and softmaxed == [(out.data_ptr(), out.data_ptr())]
         check_probs(out, x, w, b, tol(torch.float16), stored=True)
-        monkeypatch.setattr(sr, "empty", real_empty)
     with pytest.raises(ValueError, match="store_softmax"):
         sr.matmul_softmax_fused(x, w, b, method="store_softmax", block_c=16)

@@ -56,8 +56,8 @@ from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, descriptor
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import online_finish, online_step, softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
-                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
-                          operand_strides, tf32_copies, tma_specs, tma_tile)
+                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2, gemm_launch,
+                          k_major, operand_strides, run_gemm, tf32_copies, tma_specs, tma_tile)
 
 SIMPLE, TILED, ONLINE, TWO_PASS_STORE, STORE_SOFTMAX, SPLIT_K = (
     "simple", "tiled", "online", "two_pass_store", "store_softmax", "split_k")
@@ -510,6 +510,8 @@ class _FusedLaunch(NamedTuple):
     # matmul_core.tma_specs gives them, where the layouts allow it; the call still takes the
     # pointer kernels if its tensors are not 16-byte aligned.
     tma: tuple | None = None
+    # store_softmax: matmul_core's launch of the logits' matmul into the output.
+    gemm: object = None
 
 
 def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_precision, num_warps,
@@ -543,10 +545,15 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
         specs, a_t, b_t = tma_specs(x, aligned, strides[:4], None,
                                     (plan.block_b, plan.block_c, plan.block_k))
         tma = None if specs is None else (specs, a_t, b_t)
+    gemm = None
+    if plan.method == STORE_SOFTMAX:
+        gemm = gemm_launch(x, aligned, bias, (C, 1), "none", plan.precision, None, None, None,
+                           None, None, None)
     return _FusedLaunch(plan, aligned is not weight, strides,
                         dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
                              EVEN_K=K % plan.block_k == 0),
-                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies, tma)
+                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies, tma,
+                        gemm)
 
 
 _PLANS = plan_cache()
@@ -574,7 +581,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         weight = _aligned_rows(weight, B)
     out = empty((B, C), x.dtype, x.device)
     if plan.method == STORE_SOFTMAX:
-        _gemm(x, weight, bias, out, "none", plan.precision, None, None, None, None, None, None)
+        run_gemm(x, weight, bias, out, how.gemm)
         return out if B == 0 or C == 0 else softmax_rows(out, out, max_block=STORE_SOFTMAX_MAX_C)
     if B == 0 or C == 0:
         return out

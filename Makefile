@@ -17,12 +17,15 @@ endif
 
 # Committed results measured on a real GPU: what the report shows on a machine without one.
 REFERENCE ?= results/reference/h100
+# Every committed reference (the H100's first, then the H200's where it exists): the synthesis
+# compares their GPUs.
+REFERENCES ?= $(REFERENCE) $(patsubst %/limits.parquet,%,$(wildcard results/reference/h200/limits.parquet))
 RUN_ID := $(shell date -u +%Y%m%dT%H%M%SZ)
 # Where `make bench` writes (fresh runs live under results/runs/, ignored by git).
 BENCH_OUT ?= results/runs/$(RUN_ID)
 # What `make render` reads: one results folder, or several (the first is the chapters'; the
 # synthesis compares the GPUs of all), e.g. RESULTS="results/reference/h100 results/reference/h200".
-RESULTS ?= $(REFERENCE)
+RESULTS ?= $(REFERENCES)
 SPACE := $(subst ,, )
 BENCH_ARGS ?=
 OUTPUT_DIR := _output
@@ -111,8 +114,8 @@ report: setup ## GPU: test, bench, render the fresh run. No GPU: render the comm
 	  $(MAKE) --no-print-directory bench BENCH_OUT=results/runs/$(RUN_ID) && \
 	  $(MAKE) --no-print-directory render RESULTS=results/runs/$(RUN_ID); \
 	else \
-	  echo "report: no GPU here: rendering from the committed reference results $(REFERENCE)"; \
-	  $(MAKE) --no-print-directory render RESULTS=$(REFERENCE); \
+	  echo "report: no GPU here: rendering from the committed reference results $(REFERENCES)"; \
+	  $(MAKE) --no-print-directory render RESULTS="$(REFERENCES)"; \
 	fi
 
 smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (interpreter), for the report tests

@@ -362,12 +362,25 @@ def details_rows(base: dict, details: pd.DataFrame, info: dict) -> list[dict]:
     return rows
 
 
+def kept_rows(path: Path, cases: list[int]) -> list[dict]:
+    """The rows of an existing profile file whose case is not among `cases` (CASES indices): with
+    --case the file gathers case by case, so a pass split over several calls loses nothing."""
+    if not path.exists():
+        return []
+    old = pd.read_parquet(path)
+    redone = {(CASES[i][0], CASES[i][1], CASES[i][2]) for i in cases}
+    keep = [(f, o, d) not in redone for f, o, d in zip(old["family"], old["op"], old["dtype"])]
+    return old[keep].to_dict("records")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.profile",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="results folder: profile.parquet goes there")
-    ap.add_argument("--case", type=int, action="append", help="CASES index (default: all)")
+    ap.add_argument("--case", type=int, action="append",
+                    help="CASES index (default: all); the other cases' rows already in the "
+                         "output file are kept")
     ap.add_argument("--raw", type=Path, help="keep ncu's CSV logs here (default: discarded)")
     ap.add_argument("--ncu", default=os.environ.get("NCU", "ncu"))
     ap.add_argument("--details", action="store_true",
@@ -393,11 +406,11 @@ def main(argv=None) -> int:
     meta = {k: meta[k] for k in ("run_id", "started_at", "git_commit", "gpu", "torch", "triton")}
     raw = args.raw or Path(tempfile.mkdtemp(prefix="ncu_"))
     raw.mkdir(parents=True, exist_ok=True)
-    rows = []
     cases = args.case or [i for i, c in enumerate(CASES)
                           if not args.details or c[0] in DETAIL_FAMILIES]
     run_case, name = ((details_case, "profile_details.parquet") if args.details
                       else (profile_case, "profile.parquet"))
+    rows = kept_rows(args.out / name, cases) if args.case else []
     for i in cases:
         rows += run_case(i, ncu, raw, meta)
         print(f"{CASES[i][0]} {CASES[i][1]}: {sum(r['status'] == 'ok' for r in rows)} kernels "

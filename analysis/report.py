@@ -48,9 +48,12 @@ def short_columns(impls) -> dict:
 
 def results_dirs(results: str | os.PathLike | None = None) -> list[Path]:
     """Every folder a render shows: the `results` parameter if given, else $FUSION_RESULTS (set
-    by `make render`; several folders separated by os.pathsep), else the committed reference
-    measured on an H100. The chapters read the first; the synthesis compares them all."""
-    chosen = str(results or os.environ.get("FUSION_RESULTS") or REFERENCE)
+    by `make render`; several folders separated by os.pathsep), else the committed references:
+    the H100's, then the H200's where it exists. The chapters read the first; the synthesis
+    compares them all."""
+    default = os.pathsep.join(str(p) for p in (REFERENCE, REFERENCE.parent / "h200")
+                              if (p / "limits.parquet").exists()) or str(REFERENCE)
+    chosen = str(results or os.environ.get("FUSION_RESULTS") or default)
     paths = []
     for item in filter(None, chosen.split(os.pathsep)):
         path = Path(item)

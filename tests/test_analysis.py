@@ -630,6 +630,20 @@ def test_profile_details_case_reports_a_failed_ncu(tmp_path):
     assert len(rows) == 1 and rows[0]["status"] == "failed" and "no ncu CSV" in rows[0]["error"]
 
 
+def test_profile_by_case_keeps_the_other_cases(tmp_path):
+    """A pass split over calls (--case): the rows of the cases not run again stay in the file,
+    those of the cases run again are replaced."""
+    from triton_fusion_report.analysis import profile as P
+
+    path = tmp_path / "profile_details.parquet"
+    assert P.kept_rows(path, [0]) == []
+    rows = [dict(family=f, op=o, dtype=d, impl="triton_fused", status="ok")
+            for f, o, d, _ in P.CASES[:3]]
+    pd.DataFrame(rows).to_parquet(path)
+    kept = P.kept_rows(path, [1])
+    assert [r["op"] for r in kept] == [P.CASES[0][1], P.CASES[2][1]]
+
+
 def test_workers_share_the_problems_and_merge(tmp_path):
     """--workers 2: each configuration measured once, by one of two processes (each its own run,
     limits and run record), merged into the folder as one run's files; no parts left behind."""

@@ -439,6 +439,17 @@ def test_several_results_folders(tmp_path, monkeypatch):
     assert R.results_dir() == R.REFERENCE
     with pytest.raises(FileNotFoundError):
         R.results_dirs(f"{R.REFERENCE}{os.pathsep}{tmp_path / 'none'}")
+    # Nothing chosen: every committed reference, the H100's first (the H200's where it exists).
+    with monkeypatch.context() as m:
+        m.delenv("FUSION_RESULTS")
+        assert R.results_dirs()[0] == R.REFERENCE
+        refs = tmp_path / "reference"
+        for gpu in ("h100", "h200"):
+            (refs / gpu).mkdir(parents=True)
+            (refs / gpu / "limits.parquet").write_bytes(
+                (R.REFERENCE / "limits.parquet").read_bytes())
+        m.setattr(R, "REFERENCE", refs / "h100")
+        assert R.results_dirs() == [refs / "h100", refs / "h200"]
     cmp = S.gpu_comparison(R.results_dirs())
     assert set(cmp[cmp["gpu"] == "NVIDIA H200"]["_family"]) == {"elementwise"}
     shown = S.gpu_comparison_display(cmp)

@@ -213,6 +213,9 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
     # Seed 002's benchmark (its own protocol, a run of its own) is not one of the sweep's runs.
     if "data" in rows:
         rows = rows[rows["data"] != "seed002"]
+    # Rows measured on several GPUs at one commit: a bench's workers, one run per GPU.
+    gpus = int(rows["gpu_index"].nunique()) if "gpu_index" in rows and len(rows) else 1
+    commits = int(rows["git_commit"].nunique()) if "git_commit" in rows and len(rows) else 1
     rows = rows[["run_id", "started_at"]] if {"run_id", "started_at"} <= set(rows) else rows.iloc[:0]
     own = pd.read_parquet(Path(results) / "limits.parquet")
     with_rows = own[own["run_id"].isin(set(rows["run_id"]))]
@@ -226,6 +229,7 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
         is_reference=Path(results).resolve().is_relative_to(REFERENCE.parent.resolve()),
         runs=int(rows["run_id"].nunique()) if len(rows) else int(limits["run_id"].nunique()),
         first_date=str((rows if len(rows) else limits)["started_at"].min())[:10],
+        gpus=gpus, commits=commits,
     )
 
 

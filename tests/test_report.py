@@ -692,3 +692,45 @@ def test_conclusions_count_every_whole_op_library_and_ignore_ties():
     said = S.conclusions(table)
     assert said["library_ahead"] == "linear + GELU (0.96×)"
     assert said["loses"] == "linear + GELU (cuBLASLt epilogue 1.04× faster)"
+
+
+def test_introduction_names_a_bench_spread_over_gpus(tmp_path, monkeypatch):
+    """Rows of one commit measured by a bench's workers on several GPUs (a run each): the first
+    page says so, rather than calling them runs of separate families."""
+    import shutil
+
+    ref = ROOT / "results" / "reference" / "h100"
+    folder = tmp_path / "run"
+    shutil.copytree(ref, folder)
+    df = pd.read_parquet(folder / "softmax.parquet")
+    half = df.index % 2 == 1
+    df.loc[half, "gpu_index"] = 1
+    df.loc[half, "run_id"] = df["run_id"].iloc[0] + "-w1"
+    df.to_parquet(folder / "softmax.parquet")
+    src = R.provenance(folder, R.load_limits(folder))
+    assert (src["runs"], src["gpus"], src["commits"]) == (2, 2, 1)
+    ns = _chapter_namespace(ROOT / "report" / "index.qmd", folder, monkeypatch)
+    assert "the workers of one bench spread over 2 GPUs" in ns["runs_text"]
+    ref_src = R.provenance(ref, R.load_limits(ref))
+    assert (ref_src["runs"], ref_src["gpus"]) == (1, 1)
+
+
+def test_methods_give_a_multi_gpu_sweep_its_wall_time(tmp_path, monkeypatch):
+    """A sweep spread over GPUs: the methods chapter gives the busiest GPU's minutes (the wall
+    time), not only the sum over all of them."""
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "reference" / "h100", folder)
+    for path in folder.glob("*.parquet"):
+        if path.stem in R.NOT_FAMILY_FILES:
+            continue
+        df = pd.read_parquet(path)
+        if "gpu_index" in df:
+            df["gpu_index"] = df.index % 2
+            df.to_parquet(path)
+    ns = _chapter_namespace(ROOT / "report" / "methods.qmd", folder, monkeypatch)
+    assert "Spread over 2 GPUs, the busiest one's rows took" in str(ns["cost_sentence"])
+    ns = _chapter_namespace(ROOT / "report" / "methods.qmd", ROOT / "results" / "reference" / "h100",
+                            monkeypatch)
+    assert "Spread over" not in str(ns["cost_sentence"])

@@ -37,8 +37,8 @@ from triton.runtime import _allocation
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
-                      fastest, has_tma, interpreting, is_fake, launch, layout_key, next_pow2,
-                      plan_cache)
+                      empty_like, fastest, has_tma, interpreting, is_fake, launch, layout_key,
+                      next_pow2, plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -583,12 +583,10 @@ class _Steady:
     worked out once, so that a call only allocates, makes three descriptors (none on the plain
     path) and launches. The same kernel and arguments as the general path."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "blocks", "specs", "out_shape", "lse_shape", "ints",
-                 "ws")
+    __slots__ = ("kernel", "grid", "kwargs", "blocks", "specs", "lse_shape", "ints", "ws")
 
     def __init__(self, plan, cfg, q, k, v, return_lse):
         self.ws = len(cfg) == 5
-        self.out_shape = q.shape
         self.lse_shape = (q.shape[0] * q.shape[1], q.shape[2]) if return_lse else None
         if self.ws:  # _attn_fwd_ws: the tensors themselves, no host descriptor
             self.kernel = _attn_fwd_ws
@@ -617,7 +615,7 @@ class _Steady:
                           ([rows_kv, head_dim], [head_dim, 1], self.blocks[2]))
 
     def __call__(self, q, k, v, sm_scale):
-        out = empty(self.out_shape, q.dtype, q.device)
+        out = empty_like(q)  # contiguous, q's shape: half the host cost of empty(shape, ...)
         lse = None if self.lse_shape is None else empty(self.lse_shape, torch.float32, q.device)
         if self.ws:
             _needs_allocator()

@@ -17,6 +17,10 @@ from .sweep import Problem, Variant, compiled_variants, tf32
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
 SEED_SHAPES = [(64, 128, 10), (256, 512, 50), (1024, 1024, 100)]  # (B, K, C)
+# The plan's held-out check: shapes chosen (2026-11-26) before any was measured, none used to set a
+# threshold: C between the measured 4096 and 32000 on either side of STORE_SOFTMAX_MAX_C, C just
+# past "tiled"'s one tile with few rows and a long K, many rows at a short K.
+MS_HELD_OUT = [(6144, 2048, 8192), (2048, 3072, 24576), (1024, 2048, 640), (32768, 256, 2000)]
 MS_GRIDS = {
     "full": {
         torch.float32: SEED_SHAPES,
@@ -25,8 +29,9 @@ MS_GRIDS = {
             (65536, 512, 256), (8192, 4096, 1024), (16384, 4096, 4096),
             (16384, 1024, 32000), (4096, 1024, 128256),
             (4096, 768, 50257),  # GPT-2's head: no dimension a power of two
-            # The plan's check: shapes none of its thresholds was fitted to (NOTES.md).
-            (2048, 256, 1000), (512, 4096, 200), (8192, 1536, 3000)],
+            # Added to check the plan; each has since informed a threshold (NOTES.md).
+            (2048, 256, 1000), (512, 4096, 200), (8192, 1536, 3000),
+            *MS_HELD_OUT],
     },
     "smoke": {torch.float32: [(33, 70, 50)], torch.float16: [(40, 64, 300)]},
 }

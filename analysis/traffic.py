@@ -200,7 +200,8 @@ def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None, splits=1) -> li
     """x (B, K) @ W (K, C) + b, then a row softmax. Unfused (and eager): the logits are written and
     read back. Fused: read x, W, b, write the probabilities; the "online" method reads x and W a
     second time to recompute the logits (twice the FLOPs) instead of storing them;
-    "two_pass_store" writes the logits into the output and rewrites them in place; "split_k"
+    "two_pass_store" writes the logits into the output and rewrites them in place, as does
+    "store_softmax" (the same bytes as the unfused pair, without the row partials); "split_k"
     writes `splits` float32 partial logits and reads them back twice."""
     x, w, b, o = B * K * itemsize, K * C * itemsize, C * itemsize, B * C * itemsize
     stats = B * 4 * 2
@@ -215,6 +216,9 @@ def matmul_softmax_kernels(B, K, C, itemsize, impl, method=None, splits=1) -> li
     if method == "two_pass_store":
         return [Kernel("pass 1: logits -> out, row max, sum", x + w + b, o + stats, mm),
                 Kernel("pass 2: normalise in place", o + stats, o)]
+    if method == "store_softmax":
+        return [Kernel("pass 1: logits = x @ W + b -> out", x + w + b, o, mm),
+                Kernel("pass 2: softmax in place", o, o)]
     if method == "split_k":
         # The row pass reads the partials (and the bias) twice: for the max and sum, then to write.
         parts = splits * B * C * 4

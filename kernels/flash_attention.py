@@ -8,7 +8,8 @@ online softmax: running max m, running sum l, and an output accumulator rescaled
 
 The fused kernel follows Triton's tutorial 06 ("fused attention") for Hopper: tiles are read
 through host tensor descriptors (TMA) on sm_90+ and through plain masked loads on older GPUs (the
-same program; TRITON_FUSION_NO_TMA=1 runs that path on a Hopper too), the scale is folded into
+same program; TRITON_FUSION_NO_TMA=1 runs that path on a Hopper too, and problems too small to
+repay the host's descriptors take it everywhere: TMA_FROM_FLOPS), the scale is folded into
 the exponent (exp2 of qk * sm_scale * log2(e)), and causal attention loops only up to the
 diagonal, masking the diagonal tiles alone. Beyond the tutorial: any sequence length (the key tail
 is masked, the query tail is not stored) and any head_dim up to 256 (non-powers of two are padded
@@ -36,8 +37,8 @@ from triton.runtime import _allocation
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
-                      fastest, has_tma, interpreting, is_fake, launch, layout_key, next_pow2,
-                      plan_cache)
+                      empty_like, fastest, has_tma, interpreting, is_fake, launch, layout_key,
+                      next_pow2, plan_cache)
 from . import flash_decoding
 from .softmax_v import DOT_MIN, _bmm, _dot, _upcast_bf16
 from .stored_softmax import softmax_rows
@@ -230,12 +231,22 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
               UPCAST: tl.constexpr, SCALE_POS: tl.constexpr, STORE_LSE: tl.constexpr,
               MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The forward through host tensor descriptors (TMA; sm_90+ and the interpreter): grid
-    (query tiles, batch * heads). MODE 1: q, k, v are 4-D descriptors over tensors of any
-    strides; 0: 2-D ones over contiguous tensors."""
-    _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                  HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, MODE, BLOCK_M,
-                  BLOCK_N)
+    """The forward over contiguous q, k, v or host tensor descriptors: grid (query tiles,
+    batch * heads). MODE 0: q, k, v are 2-D descriptors over contiguous tensors (TMA; sm_90+ and
+    the interpreter); 1: 4-D descriptors over tensors of any strides; 2: the contiguous tensors
+    themselves, read through plain masked loads (small problems, see TMA_FROM_FLOPS: their
+    strides follow from the sizes, so the launch passes no more arguments than with
+    descriptors)."""
+    if MODE == 2:
+        _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, H * SEQ * HEAD_DIM,
+                      SEQ * HEAD_DIM, HEAD_DIM, H // GROUP * SEQ_K * HEAD_DIM, SEQ_K * HEAD_DIM,
+                      HEAD_DIM, H // GROUP * SEQ_K * HEAD_DIM, SEQ_K * HEAD_DIM, HEAD_DIM,
+                      HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, 2, BLOCK_M,
+                      BLOCK_N)
+    else:
+        _attn_program(Q, K, V, O, LSE, sm_scale, SEQ, SEQ_K, H, GROUP, 0, 0, 0, 0, 0, 0, 0, 0,
+                      0, HEAD_DIM, BLOCK_D, CAUSAL, UPCAST, SCALE_POS, STORE_LSE, MODE, BLOCK_M,
+                      BLOCK_N)
 
 
 @triton.jit
@@ -333,6 +344,15 @@ WS_CONFIG = (128, 128, 4, 1, "ws")
 # a bucket up to the next power of two, so a model whose length changes every call tunes once
 # per bucket, not once per length.
 _TUNED: dict = {}
+
+
+# Host descriptors from this much work up (FLOPs of the non-causal product, 4 * batch * heads *
+# seq_q * seq_k * head_dim); below it, plain loads. The launcher turns each host descriptor into
+# a TMA descriptor at every call: the descriptor launch cost 26 us a call against 14 for an empty
+# kernel of ten arguments, while plain loads ran at 0.91-1.03x of TMA's speed on an H100
+# (analysis/NOTES.md). 2^32 FLOPs is ~10 us of tensor-core work, where 10% of it is less than
+# what the host saves. 0 under the interpreter, whose tests cover descriptors at small shapes.
+TMA_FROM_FLOPS = 0 if interpreting() else 2**32
 
 
 def seq_bucket(seq: int) -> int:
@@ -470,7 +490,8 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     sm_scale, key = _check_inputs(q, k, v, causal, sm_scale, with_key=True)
     return_lse = bool(return_lse)
     options = (block_m, block_n, num_warps, num_stages)
-    if key is not None and all(o is None or o.__class__ is int for o in options):
+    if key is not None and (options == _NO_OPTIONS
+                            or all(o is None or o.__class__ is int for o in options)):
         key = key + options + (return_lse,)
         steady = _STEADY.get(key)
         if steady is not None:
@@ -508,10 +529,11 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     elif plan.host:
         q_arg, k_arg, v_arg = (descriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim],
                                            [head_dim, 1]) for t in (q, k, v))
-    else:  # no TMA: pointers and the strides of batch, head and row
+    else:  # no TMA: pointers (and the strides of batch, head and row, unless MODE 2)
         q_arg, k_arg, v_arg = q, k, v
-        sizes += tuple(s for t in (q, k, v) for s in t.stride()[:3])
-    kernel = _attn_fwd if plan.host else _attn_fwd_pointers
+        if "MODE" not in plan.consts:
+            sizes += tuple(s for t in (q, k, v) for s in t.stride()[:3])
+    kernel = _attn_fwd if "MODE" in plan.consts else _attn_fwd_pointers
     args = (q_arg, k_arg, v_arg, out, out if lse is None else lse, sm_scale, *sizes)
     consts = plan.consts
 
@@ -529,10 +551,10 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run, q.device,
                                                            plan.ws)
     run(cfg)
-    if key is not None and plan.host:
+    if key is not None:
         if len(_STEADY) >= STEADY_MAX_ENTRIES:
             _STEADY.clear()
-        _STEADY[key] = _Steady(plan, cfg, q, k, return_lse)
+        _STEADY[key] = _Steady(plan, cfg, q, k, v, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -558,56 +580,59 @@ def _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts):
 class _Steady:
     """triton_fused for one layout once its config is known (planned, tuned): what the general
     path works out each call (grid, launch keywords, descriptor shapes, strides and blocks) is
-    worked out once, so that a call only allocates, makes three descriptors and launches. Used
-    for host descriptors and for _attn_fwd_ws (no descriptor made on the host); the same kernel
-    and arguments as the general path."""
+    worked out once, so that a call only allocates, makes three descriptors (none on the plain
+    path) and launches. The same kernel and arguments as the general path."""
 
-    __slots__ = ("grid", "kwargs", "blocks", "specs", "out_shape", "lse_shape", "ints", "ws")
+    __slots__ = ("kernel", "grid", "kwargs", "blocks", "specs", "lse_shape", "ints", "ws")
 
-    def __init__(self, plan, cfg, q, k, return_lse):
+    def __init__(self, plan, cfg, q, k, v, return_lse):
         self.ws = len(cfg) == 5
+        self.lse_shape = (q.shape[0] * q.shape[1], q.shape[2]) if return_lse else None
         if self.ws:  # _attn_fwd_ws: the tensors themselves, no host descriptor
+            self.kernel = _attn_fwd_ws
             self.grid, self.ints, self.kwargs = _ws_launch(q, k, cfg, plan.consts)
-            self.out_shape = q.shape
-            self.lse_shape = (q.shape[0] * q.shape[1], q.shape[2]) if return_lse else None
             return
         bm, bn, warps, stages = cfg
         batch, heads, seq, head_dim = q.shape
         block_d = plan.consts["BLOCK_D"]
+        self.kernel = _attn_fwd if "MODE" in plan.consts else _attn_fwd_pointers
         self.grid = (cdiv(seq, bm), batch * heads)
         self.kwargs = dict(plan.consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                            num_stages=stages)
+        self.ints = (seq, k.shape[2], heads, heads // k.shape[1])
+        self.blocks = self.specs = None  # plain loads: no descriptor
+        if not plan.host:
+            if self.kernel is _attn_fwd_pointers:  # the layout (so its strides) is the key's
+                self.ints += tuple(s for t in (q, k, v) for s in t.stride()[:3])
+            return
         lead = [1, 1] if plan.strided else []
         self.blocks = (lead + [bm, block_d], lead + [bn, block_d], lead + [bn, block_d])
-        self.specs = None  # strided: 4-D descriptors with each tensor's own shape and strides
-        if not plan.strided:
+        if not plan.strided:  # else 4-D descriptors with each tensor's own shape and strides
             rows_q = batch * heads * seq
             rows_kv = k.shape[0] * k.shape[1] * k.shape[2]
             self.specs = (([rows_q, head_dim], [head_dim, 1], self.blocks[0]),
                           ([rows_kv, head_dim], [head_dim, 1], self.blocks[1]),
                           ([rows_kv, head_dim], [head_dim, 1], self.blocks[2]))
-        self.out_shape = q.shape
-        self.lse_shape = (batch * heads, seq) if return_lse else None
-        self.ints = (seq, k.shape[2], heads, heads // k.shape[1])
 
     def __call__(self, q, k, v, sm_scale):
-        out = empty(self.out_shape, q.dtype, q.device)
+        out = empty_like(q)  # contiguous, q's shape: half the host cost of empty(shape, ...)
         lse = None if self.lse_shape is None else empty(self.lse_shape, torch.float32, q.device)
         if self.ws:
             _needs_allocator()
-            launch(_attn_fwd_ws, self.grid, q, k, v, out, out if lse is None else lse, sm_scale,
-                   *self.ints, **self.kwargs)
-            return out if lse is None else (out, lse)
-        seq, seq_k, heads, group = self.ints
-        if self.specs is None:
-            descs = [descriptor(t, list(t.shape), list(t.stride()), b)
-                     for t, b in zip((q, k, v), self.blocks)]
+            tensors = (q, k, v)
+        elif self.specs is not None:
+            tensors = [descriptor(t, *spec) for t, spec in zip((q, k, v), self.specs)]
+        elif self.blocks is not None:
+            tensors = [descriptor(t, list(t.shape), list(t.stride()), b)
+                       for t, b in zip((q, k, v), self.blocks)]
         else:
-            descs = [descriptor(t, *spec) for t, spec in zip((q, k, v), self.specs)]
-        launch(_attn_fwd, self.grid, *descs, out, out if lse is None else lse, sm_scale, seq,
-               seq_k, heads, group, **self.kwargs)
+            tensors = (q, k, v)
+        launch(self.kernel, self.grid, *tensors, out, out if lse is None else lse, sm_scale,
+               *self.ints, **self.kwargs)
         return out if lse is None else (out, lse)
 
+
+_NO_OPTIONS = (None, None, None, None)
 
 # Steady-state launchers by triton_fused's key (layout, causal, scale, options, return_lse);
 # emptied with the plan caches, and when full.
@@ -644,22 +669,26 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
     if flash_decoding.applies(q, k) and all(p is None for p in options):
         return _Plan("decode")
     batch, heads, seq, head_dim = q.shape
-    host = has_tma(q.device)
+    small = 4 * batch * heads * seq * k.shape[2] * head_dim < TMA_FROM_FLOPS
+    host = has_tma(q.device) and not small
     if head_dim % 8 and host:
         return _Plan("pad")
     if q.numel() == 0:
         return _Plan("empty")
-    strided = host and not all(t.is_contiguous() for t in (q, k, v))
+    contiguous = all(t.is_contiguous() for t in (q, k, v))
+    strided = host and not contiguous
     block_d = max(16, next_pow2(head_dim))
     consts = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal,
                   UPCAST=_upcast_bf16(q.dtype), SCALE_POS=sm_scale >= 0,
                   STORE_LSE=return_lse)
     if host:
         consts["MODE"] = 1 if strided else 0
+    elif small and contiguous:
+        consts["MODE"] = 2  # _attn_fwd without descriptors; otherwise _attn_fwd_pointers
     if not interpreting() and all(p is None for p in options):
         ws = host and _ws_applies(q, k, v, causal, strided)
         tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device,
-                    host, ws)
+                    host, ws, consts.get("MODE") == 2)
         return _Plan("main", host, strided, consts, None, tune_key, ws)
     d = default_config(seq, head_dim, causal)
     block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)

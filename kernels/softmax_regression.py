@@ -16,6 +16,15 @@ matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_soft
   the output dtype; pass 2 is a light elementwise kernel that rewrites that buffer in place as
   probs. One matmul; the logits cost one extra write and read (2BC elements) but no separate
   max/sum reduction pass (the partials come from the matmul's epilogue).
+- "store_softmax": for C up to STORE_SOFTMAX_MAX_C, pass 1 is kernels.matmul_core's matmul (the
+  bias in its epilogue, its own tiles) writing the logits into the output buffer; pass 2 the row
+  softmax (kernels.stored_softmax) rewrites it in place, each row read once. The same traffic as
+  "two_pass_store" and as the unfused pair (whose logits buffer it saves), without computing
+  the row partials in the matmul's epilogue: on Hopper that epilogue runs while the tensor cores
+  idle (no warp specialisation in Triton 3.6), and the unfused pair was 4-91% faster than
+  "two_pass_store" wherever a row fits the softmax's one tile (C = 1000 to 4096, H100,
+  analysis/NOTES.md). Wider rows would be read twice by the softmax: there "two_pass_store"'s
+  partials pay (0.96x of the unfused pair at C = 32000 and 128256).
 - "split_k": for few rows and a long K, where the other methods leave most SMs idle (a grid of a
   handful of row blocks): pass 1 splits K across programs, each storing its float32 partial
   logits tile; pass 2, one program per row, sums the splits, adds the bias and writes the
@@ -47,12 +56,12 @@ from ._common import (INTERPRETER_SM_COUNT, cached, cdiv, check_pow2, descriptor
 from ._common import upcast_bf16 as _upcast_bf16
 from .stored_softmax import online_finish, online_step, softmax_rows
 from .matmul_core import (GROUP, NEG_INF, PRECISIONS, _add_bias, _check_operands, _gemm, _grouped,
-                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2, k_major,
-                          operand_strides, tf32_copies, tma_specs, tma_tile)
+                          _launch_opts, _mm_tile, _precision, _precision_class, _pow2, gemm_launch,
+                          k_major, operand_strides, run_gemm, tf32_copies, tma_specs, tma_tile)
 
-SIMPLE, TILED, ONLINE, TWO_PASS_STORE, SPLIT_K = ("simple", "tiled", "online", "two_pass_store",
-                                                 "split_k")
-METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE, SPLIT_K)
+SIMPLE, TILED, ONLINE, TWO_PASS_STORE, STORE_SOFTMAX, SPLIT_K = (
+    "simple", "tiled", "online", "two_pass_store", "store_softmax", "split_k")
+METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE, STORE_SOFTMAX, SPLIT_K)
 
 # Largest class tile each single-tile method accepts (after padding C to a power of two).
 MAX_SIMPLE_C = 1024
@@ -60,6 +69,15 @@ MAX_TILED_C = 512
 # method=None recomputes the logits ("online") up to this K, else stores them (module docstring).
 # Half precision: "two_pass_store" won at K = 256 (2048 x 256 x 1000: 30 against 42 us device).
 ONLINE_MAX_K = {"half": 128, "tf32": 256, "ieee": 64}
+# method=None stores the logits with "store_softmax" up to this C (the softmax's one-tile width:
+# each row read once), with "two_pass_store" above it.
+STORE_SOFTMAX_MAX_C = 16384
+# Pass 1 of "online" and "two_pass_store" on TMA: the epilogue (bias, stored logits, row max and
+# sum of exp) a half tile at a time (class tiles from 64).
+SPLIT_EPILOGUE = True
+# two_pass_store's logits leave pass 1 through a tensor descriptor (with SPLIT_EPILOGUE), as
+# matmul_core's TMA matmul stores its tiles, where out's rows are 16-byte aligned.
+TMA_STORE = True
 # method=None takes "simple" up to this many multiply-adds (B * K * C): one launch, no tensor-core
 # staging and no operand copy. Measured on the H100 (sweep of 2026-11-25, per call): simple beat
 # tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
@@ -155,7 +173,55 @@ def _ms_tiled_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, B, C, K, s_bias, s_o
 def _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C, s_bias,
                     s_ob, n_tiles, HAS_BIAS: tl.constexpr, STORE_LOGITS: tl.constexpr):
     """Pass 1's epilogue on a logits tile: the bias; with STORE_LOGITS the logits stored in out;
-    per row the tile's max and sum of exp."""
+    per row the tile's max and sum of exp, stored as the tile's partials."""
+    m, l = _tile_stats(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS,
+                       STORE_LOGITS)
+    part = rows.to(tl.int64) * n_tiles + pid_c
+    tl.store(m_part + part, m, mask=rows < B)
+    tl.store(l_part + part, l, mask=rows < B)
+
+
+@triton.jit
+def _stats_epilogue_halves(acc, rows, off_b, off_c, pid_c, bias_ptr, out_ptr, c_desc, m_part,
+                           l_part, B, C, s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
+                           STORE_LOGITS: tl.constexpr, TMA_STORE: tl.constexpr,
+                           BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """_stats_epilogue on one half of the tile's columns at a time, the halves' partials merged:
+    the exponentials of a whole 128 x 256 tile at once hold twice the registers (as
+    matmul_core's split store). TMA_STORE: the logits leave through c_desc (a descriptor over
+    out with half-tile blocks; TMA clips what lies past B and C) instead of a masked store."""
+    halves = tl.permute(tl.reshape(acc, (BLOCK_B, 2, BLOCK_C // 2)), (0, 2, 1))
+    left, right = tl.split(halves)
+    cols = off_c + tl.arange(0, BLOCK_C // 2)
+    if TMA_STORE:
+        left = _add_bias(left, bias_ptr, cols, C, s_bias, HAS_BIAS).to(c_desc.dtype)
+        c_desc.store([off_b, off_c], left)
+        right = _add_bias(right, bias_ptr, cols + BLOCK_C // 2, C, s_bias,
+                          HAS_BIAS).to(c_desc.dtype)
+        c_desc.store([off_b, off_c + BLOCK_C // 2], right)
+        # The partials of the rounded logits, which pass 2 reads.
+        m1, l1 = _tile_stats(left.to(tl.float32), rows, cols, bias_ptr, out_ptr, B, C, s_bias,
+                             s_ob, False, False)
+        m2, l2 = _tile_stats(right.to(tl.float32), rows, cols + BLOCK_C // 2, bias_ptr, out_ptr,
+                             B, C, s_bias, s_ob, False, False)
+    else:
+        m1, l1 = _tile_stats(left, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS,
+                             STORE_LOGITS)
+        m2, l2 = _tile_stats(right, rows, cols + BLOCK_C // 2, bias_ptr, out_ptr, B, C, s_bias,
+                             s_ob, HAS_BIAS, STORE_LOGITS)
+    m = tl.maximum(m1, m2)
+    m_sub = tl.where(m == NEG_INF, 0.0, m)  # both halves all -inf: l = 0, not NaN
+    l = l1 * tl.exp(m1 - m_sub) + l2 * tl.exp(m2 - m_sub)
+    part = rows.to(tl.int64) * n_tiles + pid_c
+    tl.store(m_part + part, m, mask=rows < B)
+    tl.store(l_part + part, l, mask=rows < B)
+
+
+@triton.jit
+def _tile_stats(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS: tl.constexpr,
+                STORE_LOGITS: tl.constexpr):
+    """(row max, row sum of exp(logit - max)) of a logits tile after the bias; with
+    STORE_LOGITS the logits are stored in out first."""
     acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
     row_ok = rows < B
     col_ok = cols < C
@@ -170,9 +236,7 @@ def _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B
     # -inf where every class of the tile is -inf (a -inf bias masking them, or float16 logits
     # rounded to -inf): shift by 0 there, so l = 0 instead of NaN from -inf - -inf.
     l = tl.sum(tl.exp(s - tl.where(m == NEG_INF, 0.0, m)[:, None]), 1)
-    part = rows.to(tl.int64) * n_tiles + pid_c
-    tl.store(m_part + part, m, mask=row_ok)
-    tl.store(l_part + part, l, mask=row_ok)
+    return m, l
 
 
 @triton.jit
@@ -240,15 +304,17 @@ def _ms_probs_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_
 
 
 @triton.jit
-def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K, s_bias, s_ob,
-                        n_tiles, HAS_BIAS: tl.constexpr, PROBS: tl.constexpr,
-                        STORE_LOGITS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, c_desc, m_ptr, l_ptr, B, C, K, s_bias,
+                        s_ob, n_tiles, HAS_BIAS: tl.constexpr, PROBS: tl.constexpr,
+                        STORE_LOGITS: tl.constexpr, TMA_STORE: tl.constexpr,
+                        A_T: tl.constexpr, B_T: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_B: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                        UPCAST: tl.constexpr):
+                        UPCAST: tl.constexpr, SPLIT: tl.constexpr):
     """Pass 1 (_ms_stats_kernel: m_ptr, l_ptr the partials) or, with PROBS, pass 2 of "online"
     (_ms_probs_kernel: m_ptr, l_ptr each row's m and 1/l) on Hopper's TMA, persistent (as
-    matmul_core._matmul_tma_kernel)."""
+    matmul_core._matmul_tma_kernel). SPLIT: pass 1's epilogue a half tile at a time; TMA_STORE
+    (with SPLIT and STORE_LOGITS): its logits stored through c_desc."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
         pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
@@ -259,6 +325,10 @@ def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K
         if PROBS:
             _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias, s_ob,
                             HAS_BIAS)
+        elif SPLIT:
+            _stats_epilogue_halves(acc, rows, pid_b * BLOCK_B, pid_c * BLOCK_C, pid_c, bias_ptr,
+                                   out_ptr, c_desc, m_ptr, l_ptr, B, C, s_bias, s_ob, n_tiles,
+                                   HAS_BIAS, STORE_LOGITS, TMA_STORE, BLOCK_B, BLOCK_C)
         else:
             _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias,
                             s_ob, n_tiles, HAS_BIAS, STORE_LOGITS)
@@ -362,7 +432,8 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
     method=None: "simple" for small problems (B * K * C <= SIMPLE_MAX_WORK, C <= MAX_SIMPLE_C), else
     "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small
     enough that recomputing the matmul is cheaper than storing the logits (ONLINE_MAX_K), else
-    "two_pass_store"; then "split_k" instead when K >= SPLIT_K_MIN_K, that method's grid fills
+    "store_softmax" up to STORE_SOFTMAX_MAX_C classes and "two_pass_store" above; then "split_k"
+    instead when K >= SPLIT_K_MIN_K, that method's grid fills
     fewer than half of sm_count SMs and split_k's plan takes at least SPLIT_K_MIN_SLICES K
     slices. Explicit tiles or launch options keep the first choice; an explicit block_c asks for
     one of the multi-tile methods (split_k only by name).
@@ -382,6 +453,8 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
             method = TILED
         elif K <= ONLINE_MAX_K[_precision_class(dtype, precision)]:
             method = ONLINE
+        elif C <= STORE_SOFTMAX_MAX_C:
+            method = STORE_SOFTMAX
         else:
             method = TWO_PASS_STORE
         overrides = (block_b, block_c, block_k, num_warps, num_stages)
@@ -397,6 +470,11 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
             return split if split.splits >= SPLIT_K_MIN_SLICES else plan
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
+    if method == STORE_SOFTMAX and any(o is not None for o in (block_b, block_c, block_k,
+                                                                num_warps, num_stages)):
+        raise ValueError("method 'store_softmax' runs kernels.matmul_core's matmul with that "
+                         "module's own tiles and launch options: block_b, block_c, block_k, "
+                         "num_warps and num_stages do not apply")
     stages = 3
     if method == SIMPLE:
         if c_pow2 > MAX_SIMPLE_C:
@@ -430,7 +508,7 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bb, bc, bk = (64, 128, 64) if half else (64, 128 if precision == "tf32" else 64, 32)
         bb, bc, bk = _pow2(B, 16, bb), _pow2(C, 16, bc), _pow2(K, 16, bk)
         warps = 8 if bb * bc >= 16384 else 4
-    else:
+    else:  # online, two_pass_store; for store_softmax only what the split_k choice compares
         if half:
             bb, bc, bk = 128, 256, 64
         elif precision == "tf32":
@@ -490,6 +568,8 @@ class _FusedLaunch(NamedTuple):
     # matmul_core.tma_specs gives them, where the layouts allow it; the call still takes the
     # pointer kernels if its tensors are not 16-byte aligned.
     tma: tuple | None = None
+    # store_softmax: matmul_core's launch of the logits' matmul into the output.
+    gemm: object = None
 
 
 def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_precision, num_warps,
@@ -501,9 +581,13 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
                                block_b=block_b, block_c=block_c, block_k=block_k,
                                num_warps=num_warps, num_stages=num_stages,
                                sm_count=sm_count_of(x.device))
-    # The simple method's products are not tensor-core dots: nothing to copy for it.
-    copies = (False, False) if plan.method == SIMPLE else tf32_copies(x, weight, plan.precision)
-    aligned = weight if copies[1] else _aligned_rows(weight, B)
+    # The simple method's products are not tensor-core dots: nothing to copy for it. The matmul
+    # of store_softmax makes its own copies: the weight is padded only where it reads it as is.
+    copies = ((False, False) if plan.method in (SIMPLE, STORE_SOFTMAX)
+              else tf32_copies(x, weight, plan.precision))
+    copied = copies[1] or (plan.method == STORE_SOFTMAX
+                           and tf32_copies(x, weight, plan.precision)[1])
+    aligned = weight if copied else _aligned_rows(weight, B)
     strides = (*operand_strides(x, aligned, copies),
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
     tma = None
@@ -512,17 +596,22 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows; NOTES.md) TMA
     # took 63 against 88 us at K 512, C 50 and 93 against 234 at K 1024, C 100, but 48 against 33
     # at K 128, C 10 (two K tiles: nothing to pipeline) and 68 against 61 at K 512, C 256.
-    if (plan.method not in (SIMPLE, SPLIT_K) and plan.precision != "ieee"
+    if (plan.method not in (SIMPLE, SPLIT_K, STORE_SOFTMAX) and plan.precision != "ieee"
             and tiles >= sm_count_of(x.device)
             and (plan.method != TILED or (plan.block_c <= 128 and K >= 256))
             and has_tma(x.device)):
         specs, a_t, b_t = tma_specs(x, aligned, strides[:4], None,
                                     (plan.block_b, plan.block_c, plan.block_k))
         tma = None if specs is None else (specs, a_t, b_t)
+    gemm = None
+    if plan.method == STORE_SOFTMAX:
+        gemm = gemm_launch(x, aligned, bias, (C, 1), "none", plan.precision, None, None, None,
+                           None, None, None)
     return _FusedLaunch(plan, aligned is not weight, strides,
                         dict(INPUT_PRECISION=plan.precision, UPCAST=_upcast_bf16(x.dtype),
                              EVEN_K=K % plan.block_k == 0),
-                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies, tma)
+                        dict(num_warps=plan.num_warps, num_stages=plan.num_stages), copies, tma,
+                        gemm)
 
 
 _PLANS = plan_cache()
@@ -532,7 +621,8 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
                          block_k=None, input_precision=None, num_warps=None,
                          num_stages=None) -> torch.Tensor:
     """softmax(x @ weight + bias, -1) with the logits never stored as a separate intermediate
-    (for "two_pass_store", stored once in the output buffer and rewritten in place).
+    (for "two_pass_store" and "store_softmax", stored once in the output buffer and rewritten in
+    place).
 
     x (B, K), weight (K, C), bias (C,) or None, any strides; output (B, C) in x's dtype. The
     methods and the plan are described in the module docstring and `matmul_softmax_plan`. The
@@ -548,6 +638,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     if how.pad_weight:
         weight = _aligned_rows(weight, B)
     out = empty((B, C), x.dtype, x.device)
+    if plan.method == STORE_SOFTMAX:
+        run_gemm(x, weight, bias, out, how.gemm)
+        return out if B == 0 or C == 0 else softmax_rows(out, out, max_block=STORE_SOFTMAX_MAX_C)
     if B == 0 or C == 0:
         return out
     has_bias = bias is not None
@@ -598,9 +691,14 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     store = plan.method == TWO_PASS_STORE
     blocks = dict(BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP)
     if tma is not None:
-        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
-               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=False,
-               STORE_LOGITS=store, GROUP_B=GROUP, **tma_args)
+        split = SPLIT_EPILOGUE and plan.block_c >= 64
+        # The stored logits through a descriptor where out's rows allow one (16-byte pitch).
+        tma_store = TMA_STORE and split and store and (C * out.element_size()) % 16 == 0
+        c_desc = (descriptor(out, [B, C], [C, 1], [plan.block_b, plan.block_c // 2])
+                  if tma_store else out)
+        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, c_desc, m_part, l_part, B,
+               C, K, strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=False,
+               STORE_LOGITS=store, TMA_STORE=tma_store, GROUP_B=GROUP, SPLIT=split, **tma_args)
     else:
         launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K,
                *strides, n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **blocks, **dot_args,
@@ -616,9 +714,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
                inv_l, B, C, C, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
     elif tma is not None:
-        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
+        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, out, m, inv_l, B, C, K,
                strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=True,
-               STORE_LOGITS=False, GROUP_B=GROUP, **tma_args)
+               STORE_LOGITS=False, TMA_STORE=False, GROUP_B=GROUP, SPLIT=False, **tma_args)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
                HAS_BIAS=has_bias, **blocks, **dot_args, **options)

@@ -111,6 +111,44 @@ def test_without_tma(layout, causal, device, monkeypatch):
         assert rel_err(g, w) <= 2 * FUSED_TOL[q.dtype]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "qkv_views", "grouped_kv_cache", "head_dim_20"])
+def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
+    """Below TMA_FROM_FLOPS the forward reads through plain loads even where TMA exists (three
+    host descriptors cost more than a small problem's GPU time): contiguous tensors through
+    _attn_fwd's MODE 2 (strides from the sizes), views through _attn_fwd_pointers (their own
+    strides), head dims not a multiple of 8 without the host's padding. The first call and the
+    steady path after it agree with float64, with and without the log-sum-exp."""
+    monkeypatch.setattr(at, "TMA_FROM_FLOPS", 2**40)
+    for cache in ("_PLANS", "_STEADY", "_CHECKED"):
+        monkeypatch.setattr(at, cache, {})
+    if layout == "qkv_views":
+        q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
+    elif layout == "grouped_kv_cache":  # two batches: the key heads' batch stride is read
+        q = torch.randn(2, 4, 19, 32, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 2, 45, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
+    else:
+        q, k, v = qkv((2, 2, 37, 20 if layout == "head_dim_20" else 64), torch.float16, device)
+    plan = at._plan(q, k, v, causal, 0.1, (None,) * 4, False)
+    assert plan.route == "main" and not plan.host
+    assert plan.consts.get("MODE") == (None if layout == "qkv_views" else 2)
+    want = ref64(q, k, v, causal)
+    for _ in range(2):  # planned, then the steady launcher
+        out, lse = at.triton_fused(q, k, v, causal, return_lse=True)
+        assert rel_err(out, want) <= FUSED_TOL[q.dtype]
+        out = at.triton_fused(q, k, v, causal)
+        assert out.is_contiguous() and rel_err(out, want) <= FUSED_TOL[q.dtype]
+    assert len(at._STEADY) == 2
+    scores = (q.double() @ k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
+              .transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        shift = k.shape[2] - q.shape[2]
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=device).tril(shift)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    want_lse = (torch.logsumexp(scores, -1) / math.log(2)).reshape(lse.shape)
+    assert (lse.double() - want_lse).abs().max() <= 1e-3 * want_lse.abs().max() + 1e-3
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
 @pytest.mark.parametrize("causal", [False, True])
 def test_tuned_launch(causal, device, monkeypatch):

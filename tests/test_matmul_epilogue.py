@@ -7,6 +7,7 @@ from triton_fusion_report.kernels import _common
 from triton_fusion_report.kernels import linear_activation as la
 from triton_fusion_report.kernels import matmul_core as mc
 from triton_fusion_report.kernels import softmax_regression as sr
+from triton_fusion_report.kernels import stored_softmax
 
 from conftest import rel_err
 
@@ -16,7 +17,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {"ieee": 1e-5, "tf32": 3e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # The seed's sizes scaled down for the interpreter, plus odd and degenerate ones: (B, K, C).
 MS_SHAPES = [(64, 128, 10), (33, 70, 50), (1, 1, 1), (7, 3, 17), (5, 40, 300)]
-FUSED_METHODS = ["simple", "tiled", "online", "two_pass_store", "split_k"]
+FUSED_METHODS = ["simple", "tiled", "online", "two_pass_store", "store_softmax", "split_k"]
+# The methods that round the logits to the input dtype in memory (as eager does).
+STORED = ("unfused", "two_pass_store", "store_softmax")
 
 
 def tol(dtype, precision="ieee", stored=False):
@@ -74,7 +77,7 @@ def test_matmul_softmax_matches_float64(method, shape, dtype, device):
         out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=64)
     else:
         out = sr.matmul_softmax_fused(x, w, b, method=None if method == "auto" else method)
-    check_probs(out, x, w, b, tol(dtype), stored=method in ("unfused", "two_pass_store"))
+    check_probs(out, x, w, b, tol(dtype), stored=method in STORED)
 
 
 @pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
@@ -229,15 +232,15 @@ def test_matmul_softmax_split_k_plan():
     # many rows, or for a problem small enough for "simple".
     assert plan(512, 4096, 200, torch.float16, sm_count=132).method == "split_k"
     assert plan(1024, 1024, 100, torch.float32, sm_count=132).method == "split_k"
-    assert plan(2048, 256, 1000, torch.float16, sm_count=132).method == "two_pass_store"
+    assert plan(2048, 256, 1000, torch.float16, sm_count=132).method == "store_softmax"
     assert plan(512, 4096, 200, torch.float16, block_b=32, sm_count=132).method == "tiled"
     assert plan(512, 4096, 200, torch.float16, num_warps=4, sm_count=132).method == "tiled"
-    assert plan(16384, 4096, 4096, torch.float16, sm_count=132).method == "two_pass_store"
+    assert plan(16384, 4096, 4096, torch.float16, sm_count=132).method == "store_softmax"
     assert plan(16, 1024, 16, torch.float32, sm_count=132).method == "simple"
     assert plan(512, 4096, 200, torch.float16, sm_count=8).method == "tiled"
     # Many rows (or classes) in few large tiles: split_k would take fewer than 4 K slices.
     assert plan(8192, 1024, 256, torch.float16, sm_count=132).method == "tiled"
-    assert plan(1024, 1024, 2048, torch.float16, sm_count=132).method == "two_pass_store"
+    assert plan(1024, 1024, 2048, torch.float16, sm_count=132).method == "store_softmax"
 
 
 def test_matmul_softmax_default_split_k_matches_float64(device, monkeypatch):
@@ -259,9 +262,13 @@ def test_matmul_softmax_plan_defaults():
     assert plan(1024, 1024, 100, torch.float32, method=None, block_b=16).method == "tiled"
     assert plan(256, 512, 50, torch.float16, block_b=32).method == "tiled"  # block_b: not simple
     assert plan(4096, 128, 32000, torch.float16).method == "online"
+    # Rows the softmax holds in one tile: the plain matmul, then the softmax in place; wider
+    # ones: the matmul's epilogue keeps the row partials (two_pass_store).
     assert plan(16384, 1024, 32000, torch.float16).method == "two_pass_store"
-    assert plan(16384, 4096, 4096, torch.float16).method == "two_pass_store"
-    assert plan(1024, 128, 4096, torch.float32).method == "two_pass_store"  # IEEE: FMA-bound
+    assert plan(16384, 4096, 4096, torch.float16).method == "store_softmax"
+    assert plan(4096, 1024, 16384, torch.float16).method == "store_softmax"
+    assert plan(4096, 1024, 16385, torch.float16).method == "two_pass_store"
+    assert plan(1024, 128, 4096, torch.float32).method == "store_softmax"  # IEEE: FMA-bound
     assert plan(1024, 128, 4096, torch.float32, input_precision="tf32").method == "online"
     p = plan(16384, 4096, 4096, torch.float16)
     assert (p.block_b, p.block_c, p.block_k, p.num_warps, p.num_stages) == (128, 256, 64, 8, 3)
@@ -274,7 +281,7 @@ def test_matmul_softmax_plan_defaults():
     assert plan(1024, 1024, 100, torch.float32, method="tiled", sm_count=132).block_b == 16
     assert plan(65536, 1024, 100, torch.float16, sm_count=132).block_b == 128
     assert plan(512, 4096, 200, torch.float16, method="tiled", sm_count=132).block_b == 128
-    assert plan(2048, 256, 1000, torch.float16).method == "two_pass_store"
+    assert plan(2048, 256, 1000, torch.float16).method == "store_softmax"
     assert plan(8, 8, 8, torch.float32, method="simple").block_c == 16
     assert plan(8, 8, 8, torch.bfloat16).precision == "tf32"  # half dtypes: the flag is moot
 
@@ -559,7 +566,8 @@ def test_many_rows_unaligned_classes(method, device):
                     reason="the TMA kernels on a GPU with TMA (sm_90+)")
 @pytest.mark.parametrize("op, shape, kernel", [
     ("linear_act", (2048, 64, 2048), "_matmul_tma_kernel"),
-    ("matmul_softmax", (2048, 512, 4096), "_ms_pass_tma_kernel"),  # two_pass_store
+    ("matmul_softmax", (2048, 512, 4096), "_matmul_tma_kernel"),  # store_softmax
+    ("matmul_softmax", (1024, 512, 20480), "_ms_pass_tma_kernel"),  # two_pass_store
     ("matmul_softmax", (2048, 128, 4096), "_ms_pass_tma_kernel"),  # online
     ("matmul_softmax", (17000, 256, 96), "_ms_tiled_tma_kernel")])
 def test_tma_kernels_in_cuda_graphs_and_compile(op, shape, kernel, monkeypatch):
@@ -590,3 +598,49 @@ def test_tma_kernels_in_cuda_graphs_and_compile(op, shape, kernel, monkeypatch):
     assert rel_err(captured, fn(*fresh)) <= 1e-6
     compiled = torch.compile(lambda *a: fn(*a) * 2, fullgraph=True)
     assert rel_err(compiled(*fresh), fn(*fresh) * 2) <= 1e-6
+
+
+def test_store_softmax_is_the_matmul_then_the_softmax_in_place(device, monkeypatch):
+    """store_softmax: matmul_core's matmul writes the logits into the output, which the row
+    softmax rewrites in place (no second buffer); the matmul's own tiles, so tile options are
+    refused. A row wider than the softmax's one tile is read twice and still right."""
+    monkeypatch.setattr(sr, "STORE_SOFTMAX_MAX_C", 64)
+    for B, K, C in ((37, 70, 50), (9, 33, 300)):
+        x, w, b = ms_inputs(B, K, C, torch.float16, device)
+        names = _kernels_run(monkeypatch)
+        monkeypatch.setattr(stored_softmax, "launch", sr.launch)  # the spy
+        allocated, softmaxed = [], []
+        for module in (sr, stored_softmax):
+            monkeypatch.setattr(module, "empty", lambda *a: allocated.append(a) or _common.empty(*a))
+        monkeypatch.setattr(sr, "softmax_rows", lambda t, o=None, **kw: softmaxed.append(
+            (t.data_ptr(), None if o is None else o.data_ptr()))
+            or stored_softmax.softmax_rows(t, o, **kw))
+        out = sr.matmul_softmax_fused(x, w, b, method="store_softmax")
+        assert names[0].startswith("_matmul") and names[-1] == "_softmax_rows_kernel"
+        assert len(allocated) == 1 and softmaxed == [(out.data_ptr(), out.data_ptr())]
+        check_probs(out, x, w, b, tol(torch.float16), stored=True)
+    with pytest.raises(ValueError, match="store_softmax"):
+        sr.matmul_softmax_fused(x, w, b, method="store_softmax", block_c=16)
+
+
+@pytest.mark.parametrize("C", [560, 600])
+def test_pass_epilogue_by_halves(C, device, monkeypatch):
+    """Pass 1's epilogue on TMA a half tile at a time (SPLIT_EPILOGUE), its logits stored
+    through a descriptor (TMA_STORE) or not: the halves' partials merge to the whole tile's, also
+    where a whole half is -inf (a masked class range; the last tile past C at 560), and rows
+    past B (72 of 96) are not written."""
+    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", 3)
+    x, w, b = ms_inputs(72, 48, C, torch.float16, device)
+    b[128:192] = float("-inf")
+    names = _kernels_run(monkeypatch)
+    outs = []
+    for split, tma_store in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(sr, "SPLIT_EPILOGUE", split)
+        monkeypatch.setattr(sr, "TMA_STORE", tma_store)
+        outs.append(sr.matmul_softmax_fused(x, w, b, method="two_pass_store", block_b=32,
+                                            block_c=128, block_k=32))
+    assert names.count("_ms_pass_tma_kernel") == 3
+    for out in outs[1:]:
+        assert rel_err(outs[0], out) <= 1e-3
+    assert not outs[0][:, 128:192].any()
+    check_probs(outs[0], x, w, b, tol(torch.float16), stored=True)

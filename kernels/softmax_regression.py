@@ -75,9 +75,6 @@ STORE_SOFTMAX_MAX_C = 16384
 # Pass 1 of "online" and "two_pass_store" on TMA: the epilogue (bias, stored logits, row max and
 # sum of exp) a half tile at a time (class tiles from 64).
 SPLIT_EPILOGUE = True
-# two_pass_store's logits leave pass 1 through a tensor descriptor (with SPLIT_EPILOGUE), as
-# matmul_core's TMA matmul stores its tiles, where out's rows are 16-byte aligned.
-TMA_STORE = True
 # method=None takes "simple" up to this many multiply-adds (B * K * C): one launch, no tensor-core
 # staging and no operand copy. Measured on the H100 (sweep of 2026-11-25, per call): simple beat
 # tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
@@ -182,33 +179,20 @@ def _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B
 
 
 @triton.jit
-def _stats_epilogue_halves(acc, rows, off_b, off_c, pid_c, bias_ptr, out_ptr, c_desc, m_part,
-                           l_part, B, C, s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
-                           STORE_LOGITS: tl.constexpr, TMA_STORE: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
+def _stats_epilogue_halves(acc, rows, off_c, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C,
+                           s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
+                           STORE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
     """_stats_epilogue on one half of the tile's columns at a time, the halves' partials merged:
     the exponentials of a whole 128 x 256 tile at once hold twice the registers (as
-    matmul_core's split store). TMA_STORE: the logits leave through c_desc (a descriptor over
-    out with half-tile blocks; TMA clips what lies past B and C) instead of a masked store."""
+    matmul_core's split store)."""
     halves = tl.permute(tl.reshape(acc, (BLOCK_B, 2, BLOCK_C // 2)), (0, 2, 1))
     left, right = tl.split(halves)
     cols = off_c + tl.arange(0, BLOCK_C // 2)
-    if TMA_STORE:
-        left = _add_bias(left, bias_ptr, cols, C, s_bias, HAS_BIAS).to(c_desc.dtype)
-        c_desc.store([off_b, off_c], left)
-        right = _add_bias(right, bias_ptr, cols + BLOCK_C // 2, C, s_bias,
-                          HAS_BIAS).to(c_desc.dtype)
-        c_desc.store([off_b, off_c + BLOCK_C // 2], right)
-        # The partials of the rounded logits, which pass 2 reads.
-        m1, l1 = _tile_stats(left.to(tl.float32), rows, cols, bias_ptr, out_ptr, B, C, s_bias,
-                             s_ob, False, False)
-        m2, l2 = _tile_stats(right.to(tl.float32), rows, cols + BLOCK_C // 2, bias_ptr, out_ptr,
-                             B, C, s_bias, s_ob, False, False)
-    else:
-        m1, l1 = _tile_stats(left, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS,
-                             STORE_LOGITS)
-        m2, l2 = _tile_stats(right, rows, cols + BLOCK_C // 2, bias_ptr, out_ptr, B, C, s_bias,
-                             s_ob, HAS_BIAS, STORE_LOGITS)
+    m1, l1 = _tile_stats(left, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS,
+                         STORE_LOGITS)
+    m2, l2 = _tile_stats(right, rows, cols + BLOCK_C // 2, bias_ptr, out_ptr, B, C, s_bias,
+                         s_ob, HAS_BIAS, STORE_LOGITS)
     m = tl.maximum(m1, m2)
     m_sub = tl.where(m == NEG_INF, 0.0, m)  # both halves all -inf: l = 0, not NaN
     l = l1 * tl.exp(m1 - m_sub) + l2 * tl.exp(m2 - m_sub)
@@ -304,17 +288,15 @@ def _ms_probs_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m_ptr, il_ptr, B, C, K, s_
 
 
 @triton.jit
-def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, c_desc, m_ptr, l_ptr, B, C, K, s_bias,
-                        s_ob, n_tiles, HAS_BIAS: tl.constexpr, PROBS: tl.constexpr,
-                        STORE_LOGITS: tl.constexpr, TMA_STORE: tl.constexpr,
-                        A_T: tl.constexpr, B_T: tl.constexpr,
+def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K, s_bias, s_ob,
+                        n_tiles, HAS_BIAS: tl.constexpr, PROBS: tl.constexpr,
+                        STORE_LOGITS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_B: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                         UPCAST: tl.constexpr, SPLIT: tl.constexpr):
     """Pass 1 (_ms_stats_kernel: m_ptr, l_ptr the partials) or, with PROBS, pass 2 of "online"
     (_ms_probs_kernel: m_ptr, l_ptr each row's m and 1/l) on Hopper's TMA, persistent (as
-    matmul_core._matmul_tma_kernel). SPLIT: pass 1's epilogue a half tile at a time; TMA_STORE
-    (with SPLIT and STORE_LOGITS): its logits stored through c_desc."""
+    matmul_core._matmul_tma_kernel). SPLIT: pass 1's epilogue a half tile at a time."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
         pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
@@ -326,9 +308,9 @@ def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, c_desc, m_ptr, l_ptr,
             _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias, s_ob,
                             HAS_BIAS)
         elif SPLIT:
-            _stats_epilogue_halves(acc, rows, pid_b * BLOCK_B, pid_c * BLOCK_C, pid_c, bias_ptr,
-                                   out_ptr, c_desc, m_ptr, l_ptr, B, C, s_bias, s_ob, n_tiles,
-                                   HAS_BIAS, STORE_LOGITS, TMA_STORE, BLOCK_B, BLOCK_C)
+            _stats_epilogue_halves(acc, rows, pid_c * BLOCK_C, pid_c, bias_ptr, out_ptr, m_ptr,
+                                   l_ptr, B, C, s_bias, s_ob, n_tiles, HAS_BIAS, STORE_LOGITS,
+                                   BLOCK_B, BLOCK_C)
         else:
             _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias,
                             s_ob, n_tiles, HAS_BIAS, STORE_LOGITS)
@@ -691,14 +673,10 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     store = plan.method == TWO_PASS_STORE
     blocks = dict(BLOCK_B=plan.block_b, BLOCK_C=plan.block_c, BLOCK_K=plan.block_k, GROUP_B=GROUP)
     if tma is not None:
-        split = SPLIT_EPILOGUE and plan.block_c >= 64
-        # The stored logits through a descriptor where out's rows allow one (16-byte pitch).
-        tma_store = TMA_STORE and split and store and (C * out.element_size()) % 16 == 0
-        c_desc = (descriptor(out, [B, C], [C, 1], [plan.block_b, plan.block_c // 2])
-                  if tma_store else out)
-        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, c_desc, m_part, l_part, B,
-               C, K, strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=False,
-               STORE_LOGITS=store, TMA_STORE=tma_store, GROUP_B=GROUP, SPLIT=split, **tma_args)
+        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
+               strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=False,
+               STORE_LOGITS=store, GROUP_B=GROUP, SPLIT=SPLIT_EPILOGUE and plan.block_c >= 64,
+               **tma_args)
     else:
         launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K,
                *strides, n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **blocks, **dot_args,
@@ -714,9 +692,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
         launch(_ms_normalize_kernel, (cdiv(B, block_r) * cdiv(C, block_n),), out, m,
                inv_l, B, C, C, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=8)
     elif tma is not None:
-        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, out, m, inv_l, B, C, K,
+        launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
                strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=True,
-               STORE_LOGITS=False, TMA_STORE=False, GROUP_B=GROUP, SPLIT=False, **tma_args)
+               STORE_LOGITS=False, GROUP_B=GROUP, SPLIT=False, **tma_args)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
                HAS_BIAS=has_bias, **blocks, **dot_args, **options)

@@ -123,11 +123,9 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, db_part
     # This program's own row of each partial buffer: no other program writes it.
     part_row = group.to(tl.int64) * n_cols
     if DW:
-        tl.store(dw_part_ptr + part_row + cols,
-                 tl.sum(dw_acc, axis=0).to(dw_part_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(dw_part_ptr + part_row + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
     if DB:
-        tl.store(db_part_ptr + part_row + cols,
-                 tl.sum(db_acc, axis=0).to(db_part_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(db_part_ptr + part_row + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -192,11 +190,9 @@ def _ln_bwd_split_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, dw_part_ptr, d
             db_acc += dyf
     part_row = group.to(tl.int64) * n_cols
     if DW:
-        tl.store(dw_part_ptr + part_row + own, dw_acc.to(dw_part_ptr.dtype.element_ty),
-                 mask=own_mask)
+        tl.store(dw_part_ptr + part_row + own, dw_acc, mask=own_mask)
     if DB:
-        tl.store(db_part_ptr + part_row + own, db_acc.to(db_part_ptr.dtype.element_ty),
-                 mask=own_mask)
+        tl.store(db_part_ptr + part_row + own, db_acc, mask=own_mask)
 
 
 @triton.jit
@@ -309,15 +305,6 @@ def _bwd_launch(dy, x, block, num_warps, groups, need_dw, need_db) -> _BwdLaunch
 _PLANS = plan_cache()
 
 
-def _grad_buffers(n_cols, weight, db_dtype, need_dw, need_db, shared, device) -> tuple:
-    """(dweight or None, dbias or None), new; shared (and one dtype): two views of one
-    allocation, which costs the autograd worker thread one allocation instead of two."""
-    if shared and need_dw and need_db and weight.dtype == db_dtype:
-        return empty((2, n_cols), db_dtype, device).unbind(0)
-    return (empty((n_cols,), weight.dtype, device) if need_dw else None,
-            empty((n_cols,), db_dtype, device) if need_db else None)
-
-
 def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, db_dtype=None,
              shared_dwdb=False):
     """(dx, dweight or None, dbias or None) of the fused LayerNorm; dweight in weight's dtype,
@@ -337,22 +324,14 @@ def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, d
     # through the row strides.
     dy = dy.contiguous()
     n_rows, n_cols, _, plan, groups, n_parts, block_n = how
+    # Partial sums: buffer 0 dweight, then dbias (only those needed); every (group, column) slot
+    # is written by exactly one program. (part[0] starts where part does.) A scratch buffer
+    # reused across calls: this runs on the autograd worker thread, where allocations are dear.
+    part, part_k = scratch((n_parts, groups, n_cols), torch.float32, x.device) if n_parts \
+        else (x, None)
     has_w = weight is not None
-    if n_parts and groups == 1:
-        # One group: its partial rows are the sums. The first kernel writes dweight and dbias
-        # themselves (in their dtypes), and the kernel that sums the partials is not launched.
-        dw, db = _grad_buffers(n_cols, weight, db_dtype, need_dw, need_db, shared_dwdb, x.device)
-        part_w, part_b = (dw if need_dw else x), (db if need_db else x)
-    else:
-        # Partial sums: buffer 0 dweight, then dbias (only those needed); every (group, column)
-        # slot is written by exactly one program. (part[0] starts where part does.) A scratch
-        # buffer reused across calls: this runs on the autograd worker thread, where
-        # allocations are dear.
-        part, part_k = scratch((n_parts, groups, n_cols), torch.float32, x.device) if n_parts \
-            else (x, None)
-        part_w, part_b = (part if need_dw else x), ((part_k[1] if need_dw else part)
-                                                     if need_db else x)
-    args = (x, dy, dx, weight if has_w else x, stats, part_w, part_b, n_rows, n_cols, groups,
+    args = (x, dy, dx, weight if has_w else x, stats, part if need_dw else x,
+            (part_k[1] if need_dw else part) if need_db else x, n_rows, n_cols, groups,
             how.x_row_stride, n_cols, n_cols)
     # No FMA contraction (see the module docstring).
     if plan.one_tile:
@@ -365,9 +344,11 @@ def backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups, d
                enable_fp_fusion=False)
     if n_parts == 0:
         return dx, None, None
-    if groups == 1:
-        return dx, dw, db
-    dw, db = _grad_buffers(n_cols, weight, db_dtype, need_dw, need_db, shared_dwdb, x.device)
+    if shared_dwdb and need_dw and need_db and weight.dtype == db_dtype:
+        dw, db = empty((2, n_cols), db_dtype, x.device).unbind(0)  # one allocation, two views
+    else:
+        dw = empty((n_cols,), weight.dtype, x.device) if need_dw else None
+        db = empty((n_cols,), db_dtype, x.device) if need_db else None
     launch(_sum_groups_kernel, (cdiv(n_cols, block_n), n_parts), part, x if dw is None else dw,
            x if db is None else db, groups, n_cols, DW=need_dw, DB=need_db,
            BLOCK_G=REDUCE_TILE // block_n, BLOCK_N=block_n, num_warps=4)

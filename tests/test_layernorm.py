@@ -168,25 +168,6 @@ def test_backward_groups(groups, block, device):
                        torch.float32)
 
 
-@pytest.mark.parametrize("n", [40, 9000])
-def test_one_group_writes_the_sums_itself(n, device, monkeypatch):
-    """With one group (few rows) the first kernel's partial rows are the sums: it writes dweight
-    and dbias in their dtypes and the kernel that sums partials is not launched (a launch less on
-    the autograd thread); with several, it is."""
-    launched = []
-    real = lnb.launch
-    monkeypatch.setattr(lnb, "launch", lambda k, *a, **kw: launched.append(k.fn.__name__)
-                        or real(k, *a, **kw))
-    x, w, b = make((5, n), torch.bfloat16, device)
-    dy = torch.randn(5, n, device=device).to(torch.bfloat16)
-    for groups, summed in ((None, False), (2, True)):
-        launched.clear()
-        fused = lambda x, w, b: ln.triton_fused(x, w, b, groups=groups)  # noqa: E731
-        assert_close_grads(grads(fused, x, w, b, dy),
-                           grads(ln.reference, x, w, b, dy, torch.float64), torch.bfloat16)
-        assert ("_sum_groups_kernel" in launched) == summed
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [16381, 20_000])
 def test_long_rows(n, dtype, device):

@@ -72,9 +72,6 @@ ONLINE_MAX_K = {"half": 128, "tf32": 256, "ieee": 64}
 # method=None stores the logits with "store_softmax" up to this C (the softmax's one-tile width:
 # each row read once), with "two_pass_store" above it.
 STORE_SOFTMAX_MAX_C = 16384
-# Pass 1 of "online" and "two_pass_store" on TMA: the epilogue (bias, stored logits, row max and
-# sum of exp) a half tile at a time (class tiles from 64).
-SPLIT_EPILOGUE = True
 # method=None takes "simple" up to this many multiply-adds (B * K * C): one launch, no tensor-core
 # staging and no operand copy. Measured on the H100 (sweep of 2026-11-25, per call): simple beat
 # tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
@@ -170,42 +167,7 @@ def _ms_tiled_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, B, C, K, s_bias, s_o
 def _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C, s_bias,
                     s_ob, n_tiles, HAS_BIAS: tl.constexpr, STORE_LOGITS: tl.constexpr):
     """Pass 1's epilogue on a logits tile: the bias; with STORE_LOGITS the logits stored in out;
-    per row the tile's max and sum of exp, stored as the tile's partials."""
-    m, l = _tile_stats(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS,
-                       STORE_LOGITS)
-    part = rows.to(tl.int64) * n_tiles + pid_c
-    tl.store(m_part + part, m, mask=rows < B)
-    tl.store(l_part + part, l, mask=rows < B)
-
-
-@triton.jit
-def _stats_epilogue_halves(acc, rows, off_c, pid_c, bias_ptr, out_ptr, m_part, l_part, B, C,
-                           s_bias, s_ob, n_tiles, HAS_BIAS: tl.constexpr,
-                           STORE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
-    """_stats_epilogue on one half of the tile's columns at a time, the halves' partials merged:
-    the exponentials of a whole 128 x 256 tile at once hold twice the registers (as
-    matmul_core's split store)."""
-    halves = tl.permute(tl.reshape(acc, (BLOCK_B, 2, BLOCK_C // 2)), (0, 2, 1))
-    left, right = tl.split(halves)
-    cols = off_c + tl.arange(0, BLOCK_C // 2)
-    m1, l1 = _tile_stats(left, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS,
-                         STORE_LOGITS)
-    m2, l2 = _tile_stats(right, rows, cols + BLOCK_C // 2, bias_ptr, out_ptr, B, C, s_bias,
-                         s_ob, HAS_BIAS, STORE_LOGITS)
-    m = tl.maximum(m1, m2)
-    m_sub = tl.where(m == NEG_INF, 0.0, m)  # both halves all -inf: l = 0, not NaN
-    l = l1 * tl.exp(m1 - m_sub) + l2 * tl.exp(m2 - m_sub)
-    part = rows.to(tl.int64) * n_tiles + pid_c
-    tl.store(m_part + part, m, mask=rows < B)
-    tl.store(l_part + part, l, mask=rows < B)
-
-
-@triton.jit
-def _tile_stats(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS: tl.constexpr,
-                STORE_LOGITS: tl.constexpr):
-    """(row max, row sum of exp(logit - max)) of a logits tile after the bias; with
-    STORE_LOGITS the logits are stored in out first."""
+    per row the tile's max and sum of exp."""
     acc = _add_bias(acc, bias_ptr, cols, C, s_bias, HAS_BIAS)
     row_ok = rows < B
     col_ok = cols < C
@@ -220,7 +182,9 @@ def _tile_stats(acc, rows, cols, bias_ptr, out_ptr, B, C, s_bias, s_ob, HAS_BIAS
     # -inf where every class of the tile is -inf (a -inf bias masking them, or float16 logits
     # rounded to -inf): shift by 0 there, so l = 0 instead of NaN from -inf - -inf.
     l = tl.sum(tl.exp(s - tl.where(m == NEG_INF, 0.0, m)[:, None]), 1)
-    return m, l
+    part = rows.to(tl.int64) * n_tiles + pid_c
+    tl.store(m_part + part, m, mask=row_ok)
+    tl.store(l_part + part, l, mask=row_ok)
 
 
 @triton.jit
@@ -293,10 +257,10 @@ def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K
                         STORE_LOGITS: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_B: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                        UPCAST: tl.constexpr, SPLIT: tl.constexpr):
+                        UPCAST: tl.constexpr):
     """Pass 1 (_ms_stats_kernel: m_ptr, l_ptr the partials) or, with PROBS, pass 2 of "online"
     (_ms_probs_kernel: m_ptr, l_ptr each row's m and 1/l) on Hopper's TMA, persistent (as
-    matmul_core._matmul_tma_kernel). SPLIT: pass 1's epilogue a half tile at a time."""
+    matmul_core._matmul_tma_kernel)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
         pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)
@@ -307,10 +271,6 @@ def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K
         if PROBS:
             _probs_epilogue(acc, rows, cols, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias, s_ob,
                             HAS_BIAS)
-        elif SPLIT:
-            _stats_epilogue_halves(acc, rows, pid_c * BLOCK_C, pid_c, bias_ptr, out_ptr, m_ptr,
-                                   l_ptr, B, C, s_bias, s_ob, n_tiles, HAS_BIAS, STORE_LOGITS,
-                                   BLOCK_B, BLOCK_C)
         else:
             _stats_epilogue(acc, rows, cols, pid_c, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, s_bias,
                             s_ob, n_tiles, HAS_BIAS, STORE_LOGITS)
@@ -675,8 +635,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     if tma is not None:
         launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m_part, l_part, B, C, K,
                strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=False,
-               STORE_LOGITS=store, GROUP_B=GROUP, SPLIT=SPLIT_EPILOGUE and plan.block_c >= 64,
-               **tma_args)
+               STORE_LOGITS=store, GROUP_B=GROUP, **tma_args)
     else:
         launch(_ms_stats_kernel, grid, x, weight, bias_arg, out, m_part, l_part, B, C, K,
                *strides, n_tiles, HAS_BIAS=has_bias, STORE_LOGITS=store, **blocks, **dot_args,
@@ -694,7 +653,7 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     elif tma is not None:
         launch(_ms_pass_tma_kernel, tma_grid, *descs, bias_arg, out, m, inv_l, B, C, K,
                strides[4], strides[5], n_tiles, HAS_BIAS=has_bias, PROBS=True,
-               STORE_LOGITS=False, GROUP_B=GROUP, SPLIT=False, **tma_args)
+               STORE_LOGITS=False, GROUP_B=GROUP, **tma_args)
     else:
         launch(_ms_probs_kernel, grid, x, weight, bias_arg, out, m, inv_l, B, C, K, *strides,
                HAS_BIAS=has_bias, **blocks, **dot_args, **options)

@@ -3,9 +3,10 @@
 INTO (e.g. `results/reference/h100`) then holds RUN's results alone: RUN's data files (Parquet
 and CSV) are copied in, and INTO's data files that RUN lacks are removed, except the named Nsight
 Compute documents the chapters cite (`ncu_*.csv`, profiles of earlier commits). A patchwork is
-replaced, not kept beside (issue 15). Refused, with every reason, unless RUN is one clean run:
-one finished run record with a clean tree, the sweep's rows of that run id, every Parquet row
-of that commit, and every family of the grid present. A later step's file (the profile's
+replaced, not kept beside (issue 15). Refused, with every reason, unless RUN is one clean bench
+(one run, or the per-GPU runs of one `--workers` bench and its resumes, see `bench_problems`):
+finished, at one clean commit, the sweep's rows of its run ids, every Parquet row of that
+commit, and every family of the grid present. A later step's file (the profile's
 details, seed 002) may come from another commit only where what it measures is the same at both
 (MEASURED: the kernels, the problems and baselines of the grid, and the step's own benchmark
 where it has one; git says so): an analysis fix or a new reading of the same kernels.
@@ -14,6 +15,7 @@ where it has one; git says so): an analysis fix or a new reading of the same ker
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -52,20 +54,55 @@ def same_measured(a: str, b: str, name: str = "") -> bool:
     return True
 
 
+def bench_problems(rec: pd.DataFrame) -> list[str]:
+    """Why the run records of a folder are not one clean bench (empty: they are). One bench is
+    one run, or the runs of one multi-GPU bench (`--workers N`: a run per worker, and a run per
+    worker for each `--resume` of it), all at one clean commit and kernel source, on one GPU
+    model, over the same families, each GPU's last run finished."""
+    if not len(rec):
+        return ["no run records"]
+    out = []
+    for column in ("git_commit", "source_hash", "gpu", "families"):
+        if column in rec and rec[column].astype(str).nunique() > 1:
+            out.append(f"{len(rec)} run records of different {column}: "
+                       f"{sorted(set(rec[column].astype(str)))}")
+    for _, r in rec.iterrows():
+        if not bool(r.get("git_clean", False)):
+            out.append(f"run {r['run_id']}: the tree was not clean ({r['git_commit']})")
+    if len(rec) > 1:
+        workers = {m.group(1) if m else None
+                   for m in (re.search(r"--workers (\d+)", str(a)) for a in rec["argv"])}
+        if len(workers) != 1 or None in workers or workers == {"1"}:
+            out.append(f"{len(rec)} run records, not the runs of one multi-GPU bench (a reference "
+                       "is one run, or one `--workers` bench and its resumes)")
+            return out
+        later = rec.sort_values("started_at")
+        for gpu, runs in later.groupby("gpu_index"):
+            for _, r in runs.iloc[:-1].iterrows():
+                if r["status"] != "stopped":
+                    out.append(f"run {r['run_id']} (GPU {gpu}) is {r['status']}, not stopped and "
+                               "resumed")
+            for _, r in runs.iloc[1:].iterrows():
+                if "--resume" not in str(r["argv"]):
+                    out.append(f"run {r['run_id']} (GPU {gpu}) started afresh, not a --resume")
+        last = later.groupby("gpu_index").tail(1)
+    else:
+        last = rec
+    for _, r in last.iterrows():
+        if r["status"] != "finished":
+            out.append(f"run {r['run_id']} is {r['status']}, not finished")
+    return out
+
+
 def problems(run: Path) -> list[str]:
     """Why RUN cannot be a reference (empty: it can)."""
     records = run / "runs.parquet"
     if not records.exists():
         return [f"{run}: no runs.parquet"]
     rec = pd.read_parquet(records)
-    if len(rec) != 1:
-        return [f"{run}: {len(rec)} run records (a reference is one run)"]
-    r = rec.iloc[0]
-    out = []
-    if r["status"] != "finished":
-        out.append(f"run {r['run_id']} is {r['status']}, not finished")
-    if not bool(r.get("git_clean", False)):
-        out.append(f"run {r['run_id']}: the tree was not clean ({r['git_commit']})")
+    out = [f"{run}: {w}" for w in bench_problems(rec)]
+    r = rec.sort_values("started_at").iloc[-1]
+    ids = set(rec["run_id"].astype(str))
     for family in FAMILIES:
         if not (run / f"{family}.parquet").exists():
             out.append(f"{family}.parquet is missing")
@@ -74,22 +111,22 @@ def problems(run: Path) -> list[str]:
         df = pd.read_parquet(path)
         # The sweep's files are the run's own; the later steps (seed 002, the profile) record
         # runs of their own, at the same commit.
-        checks = [("git_commit", r["git_commit"])]
+        checks = [("git_commit", {str(r["git_commit"])})]
         if path.name in sweep_files:
-            checks.append(("run_id", r["run_id"]))
+            checks.append(("run_id", ids))
         for column, want in checks:
             if column not in df or not len(df):
                 continue
             seen = sorted(set(df[column].dropna().astype(str)))
-            if seen == [str(want)]:
+            if seen and set(seen) <= want:
                 continue
             if (column == "git_commit" and path.name not in sweep_files and seen
-                    and all(same_measured(str(want), c, path.name) for c in seen)):
+                    and all(same_measured(str(r["git_commit"]), c, path.name) for c in seen)):
                 continue  # a later step, at a commit that measures the same code
             why = ("" if path.name in sweep_files or column != "git_commit" else
                    " (no commit recorded)" if not seen else
                    " (a commit git does not know, or what it measures differs)")
-            out.append(f"{path.name}: {column} {seen}, not {want}{why}")
+            out.append(f"{path.name}: {column} {seen}, not {sorted(want)}{why}")
     return out
 
 

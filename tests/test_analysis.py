@@ -1135,3 +1135,53 @@ def test_peak_memory_never_falls_below_the_base():
 
     assert timing.peak_mib(frees, device) >= 0
     assert timing.peak_mib(lambda: torch.empty(2**20, device=device), device) >= 4
+
+
+def _worker_runs(run: Path, parts: int = 2, workers: int = 2, last: str = "finished"):
+    """`run`'s one record replaced by those of a `--workers` bench resumed `parts - 1` times,
+    each worker's rows labelled with its last run's id."""
+    base = pd.read_parquet(run / "runs.parquet").iloc[0]
+    records = []
+    for part in range(parts):
+        for gpu in range(workers):
+            r = base.copy()
+            r["run_id"] = f"20261126T00000{part}Z-w{gpu}p{part}xx"
+            r["started_at"] = f"2026-11-26T00:0{part}:00+00:00"
+            r["gpu_index"] = gpu
+            r["argv"] = ("python -m triton_fusion_report.analysis --out x "
+                         f"{'--resume ' if part else ''}--workers {workers}")
+            r["status"] = last if part == parts - 1 else "stopped"
+            records.append(r)
+    rec = pd.DataFrame(records).reset_index(drop=True)
+    rec.to_parquet(run / "runs.parquet")
+    for path in run.glob("*.parquet"):
+        if path.name != "runs.parquet":
+            df = pd.read_parquet(path)
+            if "run_id" in df:
+                df["run_id"] = [rec["run_id"].iloc[i % len(rec)] for i in range(len(df))]
+                df.to_parquet(path)
+    return rec
+
+
+def test_promote_takes_one_multi_gpu_bench_and_its_resumes(tmp_path):
+    """The runs of one `--workers` bench (a run per GPU, again per --resume) make one reference
+    where each GPU's last run finished; several separate runs, or an unfinished bench, do not."""
+    from triton_fusion_report.analysis import promote
+
+    run = _a_finished_run(tmp_path / "run")
+    _worker_runs(run)
+    assert promote.problems(run) == []
+    _worker_runs(run, last="stopped")
+    assert any("stopped, not finished" in w for w in promote.problems(run))
+    rec = _worker_runs(run)
+    rec["argv"] = "python -m triton_fusion_report.analysis --out x"
+    rec.to_parquet(run / "runs.parquet")
+    assert any("not the runs of one multi-GPU bench" in w for w in promote.problems(run))
+    rec = _worker_runs(run)
+    rec.loc[rec.index[-1], "git_commit"] = "d" * 40
+    rec.to_parquet(run / "runs.parquet")
+    assert any("different git_commit" in w for w in promote.problems(run))
+    rec = _worker_runs(run)
+    rec.loc[rec.index[-1], "argv"] = "python -m triton_fusion_report.analysis --out x --workers 2"
+    rec.to_parquet(run / "runs.parquet")
+    assert any("started afresh" in w for w in promote.problems(run))

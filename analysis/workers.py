@@ -25,12 +25,30 @@ import torch
 from . import append_run, machine, schema, sweep
 
 
+def cpu_share(cpus, k: int, n: int) -> list[int]:
+    """Worker k's own slice of the host's CPUs (n workers: n equal, disjoint slices), or all of
+    them where there are fewer than two a worker."""
+    cpus = sorted(cpus)
+    if len(cpus) < 2 * n:
+        return cpus
+    return cpus[k * len(cpus) // n:(k + 1) * len(cpus) // n]
+
+
 def _worker(k: int, args, queue, done) -> None:
     from .__main__ import measure, select_problems
 
     if torch.device(args.device).type == "cuda":
         torch.cuda.set_device(k)
         device = torch.device("cuda", k)
+        if hasattr(os, "sched_setaffinity") and mp.parent_process() is not None:
+            # A worker's per-call timings are host-bound at small sizes: on a shared host the
+            # others' compiles (max-autotune's pools take up to 32 CPUs each) stole their CPU
+            # (per-call 4x slower at p95 under 30 us, NOTES.md). Each worker keeps a slice.
+            mine = cpu_share(os.sched_getaffinity(0), k, args.workers)
+            os.sched_setaffinity(0, mine)
+            import torch._inductor.config as inductor_config
+
+            inductor_config.compile_threads = len(mine)
     else:  # the interpreter: workers share the CPU (a test of the machinery)
         device = torch.device("cpu")
     args.seed += k

@@ -644,6 +644,19 @@ def test_profile_by_case_keeps_the_other_cases(tmp_path):
     assert [r["op"] for r in kept] == [P.CASES[0][1], P.CASES[2][1]]
 
 
+def test_each_worker_keeps_its_own_cpus():
+    """Workers on one host take disjoint, equal slices of its CPUs (so one's compiles cannot
+    steal another's timing thread), and share them all where there are too few to split."""
+    from triton_fusion_report.analysis.workers import cpu_share
+
+    cpus = set(range(64))
+    slices = [cpu_share(cpus, k, 4) for k in range(4)]
+    assert [len(s) for s in slices] == [16] * 4
+    assert sorted(c for s in slices for c in s) == sorted(cpus)
+    assert cpu_share({0, 1, 2, 3, 4, 5, 6}, 2, 3) == [4, 5, 6]
+    assert cpu_share({0, 1, 2}, 1, 2) == [0, 1, 2]
+
+
 def test_workers_share_the_problems_and_merge(tmp_path):
     """--workers 2: each configuration measured once, by one of two processes (each its own run,
     limits and run record), merged into the folder as one run's files; no parts left behind."""

@@ -164,7 +164,7 @@ def softmax_backward_findings(bwd, limits) -> dict:
         return dict(measured=R.Markdown(
             f"The {len(bwd)} softmax backward rows here were not timed ({_untimed_reason(bwd)}); "
             f"the worst error against float64 of those that ran is {R.md(worst, '.1e')}."))
-    copy_bw = R.limit(limits, "copy_bw", run_id=R.run_of(bwd))
+    copy_bw = R.limit(limits, "copy_bw", run_id=R.runs_of(bwd))
     f = _softmax_backward_values(timed, copy_bw)
     f["measured"] = R.Markdown(_softmax_backward_sentence(f))
     return f

@@ -155,8 +155,13 @@ def data_line(**frames: pd.DataFrame) -> "Markdown":
     frames = {name: df for name, df in frames.items() if len(df)}
     parts, fallback = [], []
     for name, df in frames.items():
+        runs = runs_of(df)
+        gpus = df["gpu_index"].dropna().nunique() if "gpu_index" in df else 1
+        where = (f"run {runs[0]}" if len(runs) == 1 else
+                 f"{len(runs)} runs" + (f" on {gpus} GPUs" if gpus > 1 else "")
+                 + f", {runs[0]} to {runs[-1]}")
         parts.append(f"{name} measured on {df['gpu'].iloc[0]} on {str(df['started_at'].iloc[0])[:10]}"
-                     f" (run {df['run_id'].iloc[0]})")
+                     f" ({where})")
         if df.attrs.get("from_reference"):
             fallback.append(name)
     text = "Data: " + "; ".join(parts) + "."
@@ -190,18 +195,27 @@ def load_limits(results: Path) -> pd.DataFrame:
 
 def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee", run_id=None) -> float:
     """One measured limit (GB/s for copy_bw, TFLOP/s for matmul_peak) of the run `run_id` (the
-    run a family's rows came from), else of the latest run; NaN if not measured."""
+    run a family's rows came from), else of the latest run; NaN if not measured. Given several
+    runs (`runs_of`: the workers of a multi-GPU bench), the highest of theirs: one line a figure
+    can draw that none of those runs measured above."""
     if run_id is None:
         run_id = limits["run_id"].max()
+    ids = [run_id] if isinstance(run_id, str) else list(run_id)
     hit = limits[(limits["metric"] == metric) & (limits["precision"] == precision)
-                 & (limits["run_id"] == run_id)]["value"]
-    return float(hit.iloc[0]) if len(hit) and pd.notna(hit.iloc[0]) else float("nan")
+                 & (limits["run_id"].isin(ids))]["value"].dropna()
+    return float(hit.max()) if len(hit) else float("nan")
 
 
 def run_of(df: pd.DataFrame) -> str:
-    """The run a family's rows come from (one family, or one part of it such as the softmax
-    backward, is measured in one run: pass the part's rows)."""
+    """The run of one configuration's rows (every implementation of a configuration is measured
+    in one run, on one GPU)."""
     return str(df["run_id"].iloc[0])
+
+
+def runs_of(df: pd.DataFrame) -> list[str]:
+    """The runs a family's rows come from: one for a one-GPU bench, one per worker (and per
+    resume) for a multi-GPU one. `limit` of them is the highest of their limits."""
+    return sorted(set(df["run_id"].dropna().astype(str)))
 
 
 def provenance(results: Path, limits: pd.DataFrame) -> dict:

@@ -267,8 +267,9 @@ def test_mixture_flags_commits_and_fallback(tmp_path):
                       if p.stem not in R.NOT_FAMILY_FILES)
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
-    _one_clean_run(R.REFERENCE, full, families + ["limits.parquet", "profile.parquet",
-                                                  *R.BENCH_CSVS])
+    later = [n for n in ("profile.parquet", "profile_details.parquet")
+             if (R.REFERENCE / n).exists()]
+    _one_clean_run(R.REFERENCE, full, families + ["limits.parquet", *later, *R.BENCH_CSVS])
     assert not R.mixture(full)["mixed"] and str(R.mixture_note(full)) == ""
     _one_clean_run(R.REFERENCE, part, ["elementwise.parquet", "limits.parquet"])
     m = R.mixture(part)
@@ -734,3 +735,36 @@ def test_methods_give_a_multi_gpu_sweep_its_wall_time(tmp_path, monkeypatch):
     ns = _chapter_namespace(ROOT / "report" / "methods.qmd", ROOT / "results" / "reference" / "h100",
                             monkeypatch)
     assert "Spread over" not in str(ns["cost_sentence"])
+
+
+def test_limit_of_several_runs_is_their_highest():
+    """A multi-GPU bench's family spans several runs, each with its own limits: a figure's one
+    line is the highest of those runs'; one run's is its own; a run it lacks gives NaN."""
+    import pandas as pd
+
+    limits = pd.DataFrame(dict(run_id=["a", "b", "c"], metric="matmul_peak", precision="fp16",
+                               value=[700.0, 760.0, 900.0]))
+    assert R.limit(limits, "matmul_peak", "fp16", run_id="a") == 700.0
+    assert R.limit(limits, "matmul_peak", "fp16", run_id=["a", "b"]) == 760.0
+    assert R.limit(limits, "matmul_peak", "fp16", run_id=["zz"]) != R.limit(
+        limits, "matmul_peak", "fp16", run_id=["zz"])
+    assert R.runs_of(pd.DataFrame(dict(run_id=["b", "a", "b"]))) == ["a", "b"]
+
+
+def test_a_target_that_rounds_to_its_goal_shows_the_digits_that_decide():
+    """469.99 TFLOP/s against a goal of 470 is a miss: the table must not print "470"."""
+    import pandas as pd
+
+    from triton_fusion_report.analysis import synthesis as S
+
+    table = pd.DataFrame([
+        dict(target="a", family="attention", unit="TFLOP/s", goal_impl=None, goal=470.0,
+             fused=469.99, method=None, best_other=None, best_other_value=float("nan"), met=False),
+        dict(target="b", family="attention", unit="TFLOP/s", goal_impl=None, goal=470.0,
+             fused=516.2, method=None, best_other=None, best_other_value=float("nan"), met=False),
+        dict(target="c", family="matmul_softmax", unit="ms", goal_impl=None, goal=0.9,
+             fused=0.891, method="store_softmax", best_other=None, best_other_value=float("nan"),
+             met=True)])
+    shown = S.target_display(table)["Triton fused"].tolist()
+    assert shown == ["469.99", "516", "0.891"]
+    assert "store_softmax" in S.target_findings(table)["met_by_pair"]

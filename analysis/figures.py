@@ -201,6 +201,13 @@ def attention_tflops(rows: pd.DataFrame, peak: float, y: str = "tflops") -> plt.
         axes[i][0].set_ylabel("TFLOP/s")
     for ax in axes[-1]:
         ax.set_xlabel("sequence length")
-    axes[0][1].legend(fontsize=7)
-    fig.tight_layout()
+    # One legend under the panels (inside one it hid the lines it names), every label once.
+    labelled = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labelled.setdefault(label, handle)
+    bottom = 0.6 / fig.get_figheight()  # inches kept for the legend's rows
+    fig.legend(labelled.values(), labelled.keys(), loc="lower center", ncol=5, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return fig

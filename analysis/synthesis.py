@@ -505,17 +505,19 @@ def target_display(table: pd.DataFrame) -> pd.DataFrame:
     goals = []
     for r in table.itertuples():
         sign = "≥" if r.unit == "TFLOP/s" else "≤"
-        named = f"{R.IMPL_LABEL.get(r.goal_impl, r.goal_impl)}'s " if r.goal_impl else ""
+        # pandas 3 holds a missing string as NaN, not None.
+        named = (f"{R.IMPL_LABEL.get(r.goal_impl, r.goal_impl)}'s "
+                 if isinstance(r.goal_impl, str) else "")
         goals.append(f"{sign} {named}{num(r.goal, r.unit)} {r.unit}")
     return pd.DataFrame({
         "target": table["target"],
         "goal": goals,
         "Triton fused": [fused(v, g, u, m) for v, g, u, m in zip(table["fused"], table["goal"],
                                                                   table["unit"], table["met"])],
-        "best other": ["—" if b is None else f"{num(v, u)} ({R.SHORT_LABEL.get(b, b)})"
+        "best other": ["—" if not isinstance(b, str) else f"{num(v, u)} ({R.SHORT_LABEL.get(b, b)})"
                        for b, v, u in zip(table["best_other"], table["best_other_value"],
                                           table["unit"])],
-        "met": ["no data" if m is None else "yes" if m else "no" for m in table["met"]],
+        "met": ["no data" if m is None or m != m else "yes" if m else "no" for m in table["met"]],
     })
 
 

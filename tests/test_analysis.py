@@ -724,7 +724,8 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
     from triton_fusion_report.analysis import sweep, workers
 
     out = tmp_path / "run"
-    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
+            "--workers", "1"]  # one process unless a test says more (a later --workers wins)
     problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
     assert len(problems) >= 2
     real = _dies_in_the_second_problem(monkeypatch)
@@ -764,7 +765,8 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
     from triton_fusion_report.analysis import append_run, sweep, workers
 
     out = tmp_path / "run"
-    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
+            "--workers", "1"]  # one process unless a test says more (a later --workers wins)
     part = out / ".parts" / "worker0"
     real = _dies_in_the_second_problem(monkeypatch) if not worker_finished else None
     if worker_finished:
@@ -843,7 +845,8 @@ def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid,
     from triton_fusion_report.analysis import machine, sweep
 
     out = tmp_path / "run"
-    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
+            "--workers", "1"]  # one process unless a test says more (a later --workers wins)
     real = sweep._run_problem
 
     def dies(problem, *args):
@@ -1015,7 +1018,8 @@ def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monk
     from triton_fusion_report.analysis import machine
 
     out = tmp_path / "run"
-    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress"]
+    base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
+            "--workers", "1"]  # one process unless a test says more (a later --workers wins)
     problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
     real = machine.measure_limits
 

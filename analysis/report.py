@@ -401,15 +401,21 @@ def cache_line(results: Path) -> "Markdown":
     if col not in runs or runs[col].isna().all():
         return Markdown("Whether its runs started with warm compile caches (Inductor's, Triton's, "
                         "FlagGems' on disk) was not recorded.")
-    runs = runs.dropna(subset=[col])
-    parts = []
-    for r in runs.sort_values("started_at").itertuples(index=False):
-        start, end = int(r.inductor_cache_files_start), r.inductor_cache_files_end
-        state = "cold" if start == 0 else "warm"
-        parts.append(f"{state}, {start} files in Inductor's cache at the start"
-                     + ("" if pd.isna(end) else f" and {int(end)} at the end"))
-    label = "Its run started" if len(parts) == 1 else f"Its {len(parts)} runs started"
-    return Markdown(f"{label} " + "; ".join(parts) + ".")
+    runs = runs.dropna(subset=[col]).sort_values("started_at")
+    # A bench's workers start together on one cache: one phrase per (start, end), in order.
+    groups = {}
+    for r in runs.itertuples(index=False):
+        end = None if pd.isna(r.inductor_cache_files_end) else int(r.inductor_cache_files_end)
+        groups.setdefault((int(r.inductor_cache_files_start), end), []).append(r)
+    tail = lambda end: "" if end is None else f" ({end} at the end)"  # noqa: E731
+    what = "Inductor's cache (FX graphs and autotuning results; a cold cache holds none)"
+    if len(runs) == 1:
+        (start, end), = groups
+        return Markdown(f"Its run started with {start} files in {what}{tail(end)}.")
+    parts = [f"{len(members)} {'run' if len(members) == 1 else 'runs'} with {start}{tail(end)}"
+             for (start, end), members in groups.items()]
+    return Markdown(f"Its {len(runs)} runs started with these numbers of files in {what}: "
+                    + ", ".join(parts) + ".")
 
 
 def gpu_states(results: Path) -> pd.DataFrame:

@@ -611,13 +611,19 @@ def test_trial_spread_names_the_widest_op():
 
 
 def test_cache_line_says_cold_or_warm(tmp_path):
-    """The run record's cache counts become a sentence; older records say nothing was recorded."""
-    runs = pd.DataFrame({"run_id": ["a", "b"], "started_at": ["2026-11-26T01", "2026-11-26T02"],
-                         "inductor_cache_files_start": [0, 500],
-                         "inductor_cache_files_end": [500, 510]})
+    """The run record's cache counts become a sentence, the runs of a bench's workers (started
+    together on one cache) counted once; older records say nothing was recorded."""
+    runs = pd.DataFrame({"run_id": ["a", "b", "c", "d"],
+                         "started_at": ["2026-11-26T01", "2026-11-26T01", "2026-11-26T02",
+                                        "2026-11-26T03"],
+                         "inductor_cache_files_start": [0, 0, 500, 700],
+                         "inductor_cache_files_end": [None, None, 510, None]})
     runs.to_parquet(tmp_path / "runs.parquet")
     line = str(R.cache_line(tmp_path))
-    assert line.startswith("Its 2 runs started cold, 0 files") and "warm, 500 files" in line
+    assert line.startswith("Its 4 runs started with these numbers of files in Inductor's cache")
+    assert line.endswith(": 2 runs with 0, 1 run with 500 (510 at the end), 1 run with 700."), line
+    runs.iloc[2:3].to_parquet(tmp_path / "runs.parquet")
+    assert str(R.cache_line(tmp_path)).startswith("Its run started with 500 files in Inductor's")
     runs.drop(columns=["inductor_cache_files_start"]).to_parquet(tmp_path / "runs.parquet")
     assert "not recorded" in str(R.cache_line(tmp_path))
 

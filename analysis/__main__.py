@@ -116,6 +116,9 @@ def parse(argv=None):
         args.workers = torch.cuda.device_count() if cuda else 1
     if args.workers > 1 and torch.device(args.device).index is not None:
         ap.error("--workers > 1 spreads over the visible GPUs: give --device cuda, not one GPU")
+    if torch.device(args.device).type == "cuda" and args.workers > torch.cuda.device_count():
+        ap.error(f"--workers {args.workers}: {torch.cuda.device_count()} GPU(s) visible; a worker "
+                 "per GPU (two on one GPU would time each other's kernels)")
     args.argv = ["python -m triton_fusion_report.analysis",
                  *(argv if argv is not None else sys.argv[1:])]
     return args, problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -403,19 +404,18 @@ def cache_line(results: Path) -> "Markdown":
                         "FlagGems' on disk) was not recorded.")
     runs = runs.dropna(subset=[col]).sort_values("started_at")
     # A bench's workers start together on one cache: one phrase per (start, end), in order.
-    groups = {}
-    for r in runs.itertuples(index=False):
-        end = None if pd.isna(r.inductor_cache_files_end) else int(r.inductor_cache_files_end)
-        groups.setdefault((int(r.inductor_cache_files_start), end), []).append(r)
-    tail = lambda end: "" if end is None else f" ({end} at the end)"  # noqa: E731
+    ends = runs["inductor_cache_files_end"]
+    groups = Counter(zip(runs[col].astype(int), [None if pd.isna(e) else int(e) for e in ends]))
+
+    def at_end(end):
+        return "" if end is None else f" ({end} at the end)"
     what = "Inductor's cache (FX graphs and autotuning results; a cold cache holds none)"
     if len(runs) == 1:
-        (start, end), = groups
-        return Markdown(f"Its run started with {start} files in {what}{tail(end)}.")
-    parts = [f"{len(members)} {'run' if len(members) == 1 else 'runs'} with {start}{tail(end)}"
-             for (start, end), members in groups.items()]
+        start, end = next(iter(groups))
+        return Markdown(f"Its run started with {start} files in {what}{at_end(end)}.")
     return Markdown(f"Its {len(runs)} runs started with these numbers of files in {what}: "
-                    + ", ".join(parts) + ".")
+                    + ", ".join(f"{n} {'run' if n == 1 else 'runs'} with {start}{at_end(end)}"
+                                for (start, end), n in groups.items()) + ".")
 
 
 def gpu_states(results: Path) -> pd.DataFrame:

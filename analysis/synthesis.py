@@ -498,26 +498,25 @@ def target_display(table: pd.DataFrame) -> pd.DataFrame:
 
     def fused(v, goal, unit, met):
         # A miss (or a hit) that rounds to the goal gets the digits that tell them apart.
-        digits = next((d for d in range(4) if met is None or num(v, unit, d) != num(goal, unit, d)),
+        digits = next((d for d in range(4) if pd.isna(met) or num(v, unit, d) != num(goal, unit, d)),
                       3)
         return num(v, unit, digits)
 
     goals = []
     for r in table.itertuples():
         sign = "≥" if r.unit == "TFLOP/s" else "≤"
-        # pandas 3 holds a missing string as NaN, not None.
-        named = (f"{R.IMPL_LABEL.get(r.goal_impl, r.goal_impl)}'s "
-                 if isinstance(r.goal_impl, str) else "")
+        # pd.isna: pandas 3 holds a missing string as NaN, pandas 2 as None.
+        named = "" if pd.isna(r.goal_impl) else f"{R.IMPL_LABEL.get(r.goal_impl, r.goal_impl)}'s "
         goals.append(f"{sign} {named}{num(r.goal, r.unit)} {r.unit}")
     return pd.DataFrame({
         "target": table["target"],
         "goal": goals,
         "Triton fused": [fused(v, g, u, m) for v, g, u, m in zip(table["fused"], table["goal"],
                                                                   table["unit"], table["met"])],
-        "best other": ["—" if not isinstance(b, str) else f"{num(v, u)} ({R.SHORT_LABEL.get(b, b)})"
+        "best other": ["—" if pd.isna(b) else f"{num(v, u)} ({R.SHORT_LABEL.get(b, b)})"
                        for b, v, u in zip(table["best_other"], table["best_other_value"],
                                           table["unit"])],
-        "met": ["no data" if m is None or m != m else "yes" if m else "no" for m in table["met"]],
+        "met": ["no data" if pd.isna(m) else "yes" if m else "no" for m in table["met"]],
     })
 
 

@@ -663,16 +663,14 @@ two_workers = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device
                                  reason="two workers need two GPUs")
 
 
-def test_more_workers_than_gpus_is_refused(tmp_path, monkeypatch):
-    """Two workers on one GPU would time each other's kernels: refused before any starts."""
-    import argparse
-
-    from triton_fusion_report.analysis import workers
-
+def test_more_workers_than_gpus_is_refused(tmp_path, monkeypatch, capsys):
+    """Two workers on one GPU would time each other's kernels: refused with the arguments, before
+    anything (a --resume's merge included) touches the folder."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args = argparse.Namespace(device="cuda", workers=2, resume=False, out=tmp_path / "run")
-    with pytest.raises(SystemExit, match="--workers 2: 1 GPU"):
-        workers.run(args, [])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--out", str(tmp_path / "run"), "--grid", "smoke", "--family", "elementwise",
+                  "--device", "cuda", "--workers", "2", "--no-progress"])
+    assert exit_.value.code == 2 and "--workers 2: 1 GPU(s) visible" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -840,6 +838,7 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
     assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * 7
 
 
+@two_workers
 def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid, monkeypatch):
     """A resume refused (another commit) changes nothing: the stopped parts stay unmerged."""
     from triton_fusion_report.analysis import machine, sweep

@@ -247,6 +247,29 @@ def provenance(results: Path, limits: pd.DataFrame) -> dict:
     )
 
 
+def others_line(folders: list) -> str:
+    """For the first page where a render compares several folders: each further folder's GPU,
+    runs, commit and dates, and whether its Triton rows ran the same kernel source as the
+    first folder's (empty for one folder)."""
+    def kernels(folder):
+        rows = family_rows(folder)
+        return set(rows["kernel_hash"].dropna()) if "kernel_hash" in rows else set()
+
+    parts = []
+    for folder in folders[1:]:
+        src = provenance(folder, load_limits(folder))
+        same = kernels(folder) == kernels(folders[0]) and kernels(folder)
+        when = (f"on {src['date']}" if src["first_date"] == src["date"]
+                else f"from {src['first_date']} to {src['date']}")
+        parts.append(f"**{src['gpu']}** from `{src['folder']}` ({src['runs']} runs at commit "
+                     f"`{str(src['commit'])[:12]}`, {when}; "
+                     + ("the same Triton kernel source" if same else
+                        "**another Triton kernel source**") + ")")
+    if not parts:
+        return ""
+    return ("The synthesis chapter compares this GPU with " + "; ".join(parts) + ".")
+
+
 # The CSV tables of a full `make bench` beside the sweep's Parquet files.
 BENCH_CSVS = ("host_overhead.csv", "launch_cost.csv", "model_check.csv", "model_train.csv",
               "seed002_ieee.csv", "seed002_tf32.csv")

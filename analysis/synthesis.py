@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -744,3 +745,93 @@ def bandwidth_finding(cmp: pd.DataFrame) -> str:
             f"{parts} (lower → higher bandwidth): fusion {verdict} (median ratio "
             f"{ratio.median():.2f}). {why}")
 
+
+
+# Not an implementation of the fused op: cuBLAS's matmul alone computes less than the op.
+NOT_COMPETING = ("triton_fused", "cublas")
+PLACE_TIE = 1.05  # within 5% of the fastest counts as holding its place (trial spread ~3-4%)
+# Every op of a family's file counts (the backward's too), so the family's name alone.
+PLACE_LABEL = {**FAMILY_LABEL, "layernorm": "LayerNorm", "attention": "attention"}
+PLACE_COLUMNS = ["family", "GPU", "cases", "fused fastest or ≤ 1.05×", "median fused / best",
+                 "worst case (fused / best, the best)"]
+
+
+def _case_label(row: pd.Series, shape: list[str]) -> str:
+    """op, dtype (and precision where it is not the dtype's own), the shape's sizes joined by ×
+    (grouped heads and KV-cache keys only where they differ from the queries'), and its words."""
+    same_as = {"kv_heads": "heads", "seq_k": "seq"}
+    dims, words = [], []
+    for col in shape:
+        v = row.get(col)
+        if v is None or (isinstance(v, float) and math.isnan(v)) or col == "direction":
+            continue
+        if col in same_as and v == row.get(same_as[col]):
+            continue
+        if isinstance(v, (bool, np.bool_)):
+            words += ["causal"] if v else []
+        elif isinstance(v, str):
+            words.append(v)
+        else:
+            dims.append(str(int(v)))
+    dtype = R.SHORT_DTYPE.get(row["dtype"], row["dtype"])
+    if row.get("precision") not in (None, "ieee", row["dtype"]):
+        dtype += f" {row['precision']}"
+    return " ".join(filter(None, [row["op"], dtype, "×".join(dims), " ".join(words)]))
+
+
+def place_against_best(folders: list) -> pd.DataFrame:
+    """Per GPU (results folder) and family: every case of the size sweep measured there (each
+    op, dtype, precision and shape; the folder's own rows, never the reference's), the fused
+    kernel's device time against the fastest other implementation of the same case (eager, both
+    torch.compile modes, the unfused Triton version, the libraries): how many cases it is fastest
+    or within PLACE_TIE of the fastest, the median ratio, and the case where it is farthest."""
+    from .schema import FAMILY_SHAPES, with_added_columns
+
+    rows = []
+    for folder in folders:
+        gpu = R.gpu_of(folder).replace("NVIDIA ", "").split()[0]
+        for family, label in PLACE_LABEL.items():
+            path = Path(folder) / f"{family}.parquet"
+            if not path.exists():
+                continue
+            df = with_added_columns(pd.read_parquet(path), family)
+            df = df[(df["status"] == "ok") & (df["sweep"] == "size")]
+            if not len(df) or R.on_cpu(df):
+                continue
+            shape = list(FAMILY_SHAPES[family])
+            keys = ["op", "dtype", "precision"] + shape
+            df = df.assign(_t=device_time(df))
+            ratios = []
+            for _, case in df.groupby(keys, dropna=False, sort=False):
+                fused = case[case["impl"] == "triton_fused"]["_t"].dropna()
+                others = case[~case["impl"].isin(NOT_COMPETING)].dropna(subset=["_t"])
+                if not len(fused) or not len(others):
+                    continue
+                best = others.loc[others["_t"].idxmin()]
+                ratios.append((fused.min() / best["_t"], best["impl"], _case_label(best, shape)))
+            if not ratios:
+                continue
+            r = pd.DataFrame(ratios, columns=["ratio", "impl", "case"])
+            worst = r.loc[r["ratio"].idxmax()]
+            rows.append({"family": label, "GPU": gpu, "cases": len(r),
+                         "fused fastest or ≤ 1.05×": int((r["ratio"] <= PLACE_TIE).sum()),
+                         "median fused / best": r["ratio"].median(),
+                         "worst case (fused / best, the best)":
+                             f"{worst['case']} ({worst['ratio']:.2f}×, "
+                             f"{R.SHORT_LABEL.get(worst['impl'], worst['impl'])})"})
+    out = pd.DataFrame(rows, columns=PLACE_COLUMNS)
+    order = {label: i for i, label in enumerate(PLACE_LABEL.values())}
+    return out.sort_values(["family", "GPU"], key=lambda s: s.map(order) if s.name == "family"
+                           else s, kind="stable").reset_index(drop=True)
+
+
+def place_finding(place: pd.DataFrame) -> str:
+    """One sentence per GPU from `place_against_best`: the share of cases the fused kernel holds."""
+    if not len(place):
+        return "No size sweep with a fused kernel in these results."
+    parts = []
+    for gpu, g in place.groupby("GPU", sort=False):
+        held, n = int(g["fused fastest or ≤ 1.05×"].sum()), int(g["cases"].sum())
+        parts.append(f"on the {gpu} at {held} of {n} cases ({100 * held / n:.0f}%)")
+    return ("Against the fastest other implementation of each case measured (device time), the "
+            "fused kernel is fastest or within 5% " + "; ".join(parts) + ".")

@@ -458,6 +458,18 @@ def test_several_results_folders(tmp_path, monkeypatch):
     said = S.bandwidth_finding(cmp)
     assert "1.40×" in said and "about as much" in said
     assert "One GPU" in S.bandwidth_finding(S.gpu_comparison([R.REFERENCE]))
+    # Every case of the size sweep, per GPU: the same rows 1.4× faster on both sides of each
+    # ratio hold their place exactly as on the first GPU; the first page names the other folder.
+    place = S.place_against_best(R.results_dirs())
+    first, second = (place[place["family"] == "add-mul"].set_index("GPU").loc[g] for g in
+                     ("H100", "H200"))
+    assert first["cases"] == second["cases"] > 0
+    assert first["fused fastest or ≤ 1.05×"] == second["fused fastest or ≤ 1.05×"]
+    assert abs(first["median fused / best"] - second["median fused / best"]) < 1e-9
+    assert "on the H200 at" in S.place_finding(place)
+    line = R.others_line(R.results_dirs())
+    assert "NVIDIA H200" in line and "the same Triton kernel source" in line
+    assert R.others_line([R.REFERENCE]) == ""
     # The whole synthesis chapter runs on the pair.
     monkeypatch.chdir(R.ROOT / "report")
     namespace = {"__name__": "__main__"}
@@ -466,6 +478,29 @@ def test_several_results_folders(tmp_path, monkeypatch):
         if cell.options.get("label") == "tbl-gpus":
             assert "H200" in value._repr_markdown_()
     plt.close("all")
+
+
+def test_place_against_best_finds_a_slow_case(tmp_path):
+    """A fused kernel made 3× slower at one case of the copy loses its place there, and only
+    there: one case fewer held, and that case named as the worst with its ratio and the winner."""
+    import pandas as pd
+    from triton_fusion_report.analysis import synthesis as S
+
+    other = _faster_gpu_copy(tmp_path)
+    df = pd.read_parquet(other / "elementwise.parquet")
+    sel = (df["impl"] == "triton_fused") & (df["sweep"] == "size") & (df["status"] == "ok")
+    n = int(df.loc[sel, "n"].max())
+    case = sel & (df["n"] == n) & (df["dtype"] == "float32") & (df["z_kind"] == "tensor")
+    assert case.sum() == 1
+    df.loc[case, ["ms_device", "ms_median"]] *= 3
+    df.to_parquet(other / "elementwise.parquet")
+    place = S.place_against_best([R.REFERENCE, other]).set_index(["family", "GPU"])
+    before, after = place.loc[("add-mul", "H100")], place.loc[("add-mul", "H200")]
+    assert after["cases"] == before["cases"]
+    assert after["fused fastest or ≤ 1.05×"] == before["fused fastest or ≤ 1.05×"] - 1
+    worst = after["worst case (fused / best, the best)"]
+    assert f"add_mul fp32 {n} tensor" in worst and "×, " in worst
+    assert float(worst.split("(")[-1].split("×")[0]) > 2.5
 
 
 def test_targets_are_checked_against_the_data():

@@ -464,7 +464,7 @@ def test_several_results_folders(tmp_path, monkeypatch):
     first, second = (place[place["family"] == "add-mul"].set_index("GPU").loc[g] for g in
                      ("H100", "H200"))
     assert first["cases"] == second["cases"] > 0
-    assert first["fused fastest or ≤ 1.05×"] == second["fused fastest or ≤ 1.05×"]
+    assert first["held"] == second["held"]
     assert abs(first["median fused / best"] - second["median fused / best"]) < 1e-9
     assert "on the H200 at" in S.place_finding(place)
     line = R.others_line(R.results_dirs())
@@ -497,8 +497,8 @@ def test_place_against_best_finds_a_slow_case(tmp_path):
     place = S.place_against_best([R.REFERENCE, other]).set_index(["family", "GPU"])
     before, after = place.loc[("add-mul", "H100")], place.loc[("add-mul", "H200")]
     assert after["cases"] == before["cases"]
-    assert after["fused fastest or ≤ 1.05×"] == before["fused fastest or ≤ 1.05×"] - 1
-    worst = after["worst case (fused / best, the best)"]
+    assert after["held"] == before["held"] - 1
+    worst = after["farthest behind (fused / best, the best)"]
     assert f"add_mul fp32 {n} tensor" in worst and "×, " in worst
     assert float(worst.split("(")[-1].split("×")[0]) > 2.5
 

@@ -255,15 +255,16 @@ def others_line(folders: list) -> str:
         rows = family_rows(folder)
         return set(rows["kernel_hash"].dropna()) if "kernel_hash" in rows else set()
 
+    first = kernels(folders[0]) if folders else set()
     parts = []
     for folder in folders[1:]:
         src = provenance(folder, load_limits(folder))
-        same = kernels(folder) == kernels(folders[0]) and kernels(folder)
+        own = kernels(folder)
         when = (f"on {src['date']}" if src["first_date"] == src["date"]
                 else f"from {src['first_date']} to {src['date']}")
         parts.append(f"**{src['gpu']}** from `{src['folder']}` ({src['runs']} runs at commit "
                      f"`{str(src['commit'])[:12]}`, {when}; "
-                     + ("the same Triton kernel source" if same else
+                     + ("the same Triton kernel source" if own and own == first else
                         "**another Triton kernel source**") + ")")
     if not parts:
         return ""

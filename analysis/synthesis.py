@@ -746,10 +746,9 @@ def bandwidth_finding(cmp: pd.DataFrame) -> str:
             f"{ratio.median():.2f}). {why}")
 
 
-
 # Not an implementation of the fused op: cuBLAS's matmul alone computes less than the op.
 NOT_COMPETING = ("triton_fused", "cublas")
-PLACE_TIE = 1.05  # within 5% of the fastest counts as holding its place (trial spread ~3-4%)
+PLACE_TIE = 1.05  # within 5% of the fastest holds its place: a few percent is trial spread
 # Every op of a family's file counts (the backward's too), so the family's name alone.
 PLACE_LABEL = {**FAMILY_LABEL, "layernorm": "LayerNorm", "attention": "attention"}
 PLACE_COLUMNS = ["family", "GPU", "cases", "held", "median fused / best",
@@ -785,24 +784,24 @@ def place_against_best(folders: list) -> pd.DataFrame:
     kernel's device time against the fastest other implementation of the same case (eager, both
     torch.compile modes, the unfused Triton version, the libraries): how many cases it is fastest
     or within PLACE_TIE of the fastest, the median ratio, and the case where it is farthest."""
-    from .schema import FAMILY_SHAPES, with_added_columns
+    from .schema import FAMILY_SHAPES
 
+    gpus = {folder: R.gpu_of(folder).replace("NVIDIA ", "").split()[0] for folder in folders}
     rows = []
-    for folder in folders:
-        gpu = R.gpu_of(folder).replace("NVIDIA ", "").split()[0]
-        for family, label in PLACE_LABEL.items():
+    for family, label in PLACE_LABEL.items():
+        for folder, gpu in gpus.items():
             path = Path(folder) / f"{family}.parquet"
             if not path.exists():
                 continue
-            df = with_added_columns(pd.read_parquet(path), family)
+            df = R._rows_of(path, family, None)
             df = df[(df["status"] == "ok") & (df["sweep"] == "size")]
             if not len(df) or R.on_cpu(df):
                 continue
             shape = list(FAMILY_SHAPES[family])
-            keys = ["op", "dtype", "precision"] + shape
             df = df.assign(_t=device_time(df))
             ratios = []
-            for _, case in df.groupby(keys, dropna=False, sort=False):
+            for _, case in df.groupby(["op", "dtype", "precision"] + shape, dropna=False,
+                                      sort=False):
                 fused = case[case["impl"] == "triton_fused"]["_t"].dropna()
                 others = case[~case["impl"].isin(NOT_COMPETING)].dropna(subset=["_t"])
                 if not len(fused) or not len(others):
@@ -819,10 +818,7 @@ def place_against_best(folders: list) -> pd.DataFrame:
                          "farthest behind (fused / best, the best)":
                              f"{worst['case']} ({worst['ratio']:.2f}×, "
                              f"{R.SHORT_LABEL.get(worst['impl'], worst['impl'])})"})
-    out = pd.DataFrame(rows, columns=PLACE_COLUMNS)
-    order = {label: i for i, label in enumerate(PLACE_LABEL.values())}
-    return out.sort_values(["family", "GPU"], key=lambda s: s.map(order) if s.name == "family"
-                           else s, kind="stable").reset_index(drop=True)
+    return pd.DataFrame(rows, columns=PLACE_COLUMNS)
 
 
 def place_finding(place: pd.DataFrame) -> str:
@@ -834,4 +830,4 @@ def place_finding(place: pd.DataFrame) -> str:
         held, n = int(g["held"].sum()), int(g["cases"].sum())
         parts.append(f"on the {gpu} at {held} of {n} cases ({100 * held / n:.0f}%)")
     return ("Against the fastest other implementation of each case measured (device time), the "
-            "fused kernel is fastest or within 5% " + "; ".join(parts) + ".")
+            f"fused kernel is fastest or within {PLACE_TIE - 1:.0%} " + "; ".join(parts) + ".")

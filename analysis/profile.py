@@ -246,6 +246,24 @@ def fusion_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def fusion_ratios_by_gpu(profiles: dict) -> pd.DataFrame:
+    """fusion_ratios of each GPU's profile rows ({label: rows}) side by side, per op: the model's
+    ratio once (every profile runs the same configurations), then per GPU the counters' ratio and
+    the fused kernel's counters / model. One profile keeps fusion_ratios' own column names."""
+    tables = {label: fusion_ratios(rows).drop(columns="family") for label, rows in profiles.items()}
+    if len(tables) == 1:
+        return next(iter(tables.values()))
+    out = None
+    for label, t in tables.items():
+        t = t.rename(columns={c: f"{c} ({label})" for c in ("measured_ratio",
+                                                            "fused_measured_over_model")})
+        if out is None:
+            out = t
+        else:  # the first profile's model ratio; an op only one GPU profiled keeps its row
+            out = out.merge(t.drop(columns="model_ratio"), on="op", how="outer", sort=False)
+    return out
+
+
 # --- the worker (runs under ncu) --------------------------------------------------------------
 
 

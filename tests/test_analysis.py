@@ -488,6 +488,33 @@ def test_profile_parses_ncu_csv_and_attributes_kernels():
     assert s.loc["triton_fused", "measured"] == 4 * 2**28
 
 
+def test_profile_fusion_ratios_side_by_side_per_gpu():
+    """Two GPUs' profiles give one row per op: the model's ratio once, each GPU's counters beside
+    it under its own label; an op only one GPU profiled keeps its row with a gap for the other."""
+    from triton_fusion_report.analysis import profile as P
+
+    def rows(op_bytes):
+        return pd.DataFrame([dict(family="f", op=op, impl=impl, kernel="k", dram_read=b,
+                                  dram_write=0.0, status="ok", bytes_model_impl=model,
+                                  bytes_model=100.0)
+                             for op, (un, fu) in op_bytes.items()
+                             for impl, b, model in (("triton_unfused", un, 300.0),
+                                                    ("triton_fused", fu, 100.0))])
+
+    h100 = rows({"a": (300.0, 100.0), "b": (400.0, 200.0)})
+    h200 = rows({"a": (330.0, 110.0)})
+    one = P.fusion_ratios_by_gpu({"H100": h100})
+    assert list(one.columns) == ["op", "model_ratio", "measured_ratio", "fused_measured_over_model"]
+    both = P.fusion_ratios_by_gpu({"H100": h100, "H200": h200}).set_index("op")
+    assert list(both.columns) == ["model_ratio", "measured_ratio (H100)",
+                                  "fused_measured_over_model (H100)", "measured_ratio (H200)",
+                                  "fused_measured_over_model (H200)"]
+    assert both.loc["a", "model_ratio"] == pytest.approx(3.0)
+    assert both.loc["a", "fused_measured_over_model (H200)"] == pytest.approx(1.1)
+    assert both.loc["b", "measured_ratio (H100)"] == pytest.approx(2.0)
+    assert pd.isna(both.loc["b", "measured_ratio (H200)"])
+
+
 def test_profile_cases_exist_in_the_grids():
     """Every profiled configuration is one the sweep measures."""
     from triton_fusion_report.analysis import profile as P
@@ -1224,3 +1251,41 @@ def test_promote_takes_one_multi_gpu_bench_and_its_resumes(tmp_path):
     rec.loc[rec.index[-1], "argv"] = "python -m triton_fusion_report.analysis --out x --workers 2"
     rec.to_parquet(run / "runs.parquet")
     assert any("started afresh" in w for w in promote.problems(run))
+
+
+def test_compare_runs_pairs_configurations_and_reads_workers_parts(tmp_path, capsys):
+    """Two folders' rows are paired by configuration: a family slowed by 10% on half its rows
+    agrees on the other half; rows still in a worker's part count; a failed row and rows under the
+    floor are left out; folders with nothing in common are an error."""
+    from triton_fusion_report.analysis import compare_runs as C
+
+    ref = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
+    b = tmp_path / "b"
+    (b / ".parts" / "worker0").mkdir(parents=True)
+    ew = pd.read_parquet(ref / "elementwise.parquet").sample(frac=1.0, random_state=0)
+    slow = ew.index[: len(ew) // 2]
+    ew.loc[slow, ["ms_median", "ms_device"]] *= 1.10
+    ew.to_parquet(b / "elementwise.parquet")
+    sm = pd.read_parquet(ref / "softmax.parquet")
+    sm.loc[sm.index[0], "status"] = "error"
+    sm.to_parquet(b / ".parts" / "worker0" / "softmax.parquet")
+
+    table = C.compare(ref, b, floor_us=0.0).set_index("family")
+    assert list(table.index) == ["elementwise", "softmax", "all"]
+    base = pd.read_parquet(ref / "elementwise.parquet")
+    ok = base[base["status"] == "ok"]
+    assert table.loc["elementwise", "ms_median n"] == len(ok)
+    expected = (~ok.index.isin(slow)).mean()
+    assert table.loc["elementwise", "ms_median within"] == pytest.approx(expected)
+    assert table.loc["elementwise", "ms_median p95"] == pytest.approx(1.10)
+    assert table.loc["softmax", "ms_median n"] == (pd.read_parquet(ref / "softmax.parquet")[
+        "status"] == "ok").sum() - 1
+    assert table.loc["softmax", "ms_median within"] == 1.0
+    floor = C.compare(ref, b, floor_us=50.0).set_index("family")
+    assert floor.loc["elementwise", "ms_median n"] == (ok["ms_median"] >= 0.05).sum()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert C.main([str(ref), str(empty)]) == 1
+    assert C.main([str(ref), str(b)]) == 0
+    assert "within" in capsys.readouterr().out

@@ -762,6 +762,21 @@ def test_methods_give_a_multi_gpu_sweep_its_wall_time(monkeypatch):
     assert "Spread over" not in str(ns["cost_sentence"])
 
 
+def test_methods_put_each_gpus_counters_side_by_side(monkeypatch):
+    """Both references: the counters' fusion ratios of each GPU's own profile stand side by side
+    (every op profiled on both); one folder keeps one set of columns."""
+    import os
+
+    both = os.pathsep.join(str(ROOT / "results" / "reference" / g) for g in ("h100", "h200"))
+    ns = _chapter_namespace(ROOT / "report" / "methods.qmd", Path(both), monkeypatch)
+    assert ns["gpus_named"] == "H100 and H200"
+    ratios = ns["ratios"]
+    assert {"measured_ratio (H100)", "measured_ratio (H200)"} <= set(ratios.columns)
+    assert ratios[["measured_ratio (H100)", "measured_ratio (H200)"]].notna().all().all()
+    ns = _chapter_namespace(ROOT / "report" / "methods.qmd", SMOKE, monkeypatch)
+    assert "measured_ratio" in ns["ratios"].columns
+
+
 def test_limit_of_several_runs_is_their_highest():
     """A multi-GPU bench's family spans several runs, each with its own limits: a figure's one
     line is the highest of those runs'; one run's is its own; a run it lacks gives NaN."""

@@ -314,6 +314,24 @@ def bench_cost(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
+# Issue 15's goal for a full `make bench` (the whole grid, three trials, max-autotune included).
+BENCH_GOAL_MINUTES = 15
+
+
+def bench_goal_line(rows: pd.DataFrame) -> str:
+    """Whether a folder's rows fit the bench goal on one GPU: their minutes of sweep in all, a
+    floor for one GPU (start-up, limits and the extras after the sweep come on top). Empty where
+    no row recorded its wall time."""
+    timed = rows.dropna(subset=["wall_s"]) if len(rows) and "wall_s" in rows else rows.iloc[:0]
+    if not len(timed):
+        return ""
+    total = timed["wall_s"].sum() / 60
+    verdict = ("met by the rows' time, before start-up, limits and the extras"
+               if total <= BENCH_GOAL_MINUTES else "missed")
+    return (f"The goal for a full `make bench` is {BENCH_GOAL_MINUTES} minutes on one GPU; on this "
+            f"folder's GPU it is {verdict}: its rows alone took {total:.0f} minutes of GPU time.")
+
+
 def mixture(results: Path) -> dict:
     """What a results folder mixes: its commits, whether any run came from a changed tree or
     from outside a git checkout, the families whose Triton rows ran more than one kernel source

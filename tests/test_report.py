@@ -758,8 +758,21 @@ def test_methods_give_a_multi_gpu_sweep_its_wall_time(monkeypatch):
     gpus = R.provenance(ref, R.load_limits(ref))["gpus"]
     ns = _chapter_namespace(ROOT / "report" / "methods.qmd", ref, monkeypatch)
     assert f"Spread over {gpus} GPUs, the busiest one's rows took" in str(ns["cost_sentence"])
+    assert "15 minutes on one GPU; on this folder's GPU it is missed" in str(ns["cost_sentence"])
     ns = _chapter_namespace(ROOT / "report" / "methods.qmd", SMOKE, monkeypatch)
     assert "Spread over" not in str(ns["cost_sentence"])
+
+
+def test_bench_goal_line_says_met_or_missed():
+    """The bench goal from the rows' own wall time: missed above the goal's minutes, met at or
+    under it (with what the rows leave out), nothing without a timed row."""
+    import pandas as pd
+
+    rows = pd.DataFrame(dict(wall_s=[400.0, 500.0], gpu_index=[0, 1]))
+    assert "it is met by the rows' time" in R.bench_goal_line(rows)
+    slow = rows.assign(wall_s=[600.0, 400.0])
+    assert "it is missed: its rows alone took 17 minutes" in R.bench_goal_line(slow)
+    assert R.bench_goal_line(rows.assign(wall_s=float("nan"))) == ""
 
 
 def test_methods_put_each_gpus_counters_side_by_side(monkeypatch):

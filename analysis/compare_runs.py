@@ -68,6 +68,7 @@ def compare(a: Path, b: Path, floor_us: float = 50.0, tolerance: float = 0.03) -
                                             agreement(p, time, floor_us / 1e3, tolerance).items()}}
                          for fam, p in pairs.items()])
 
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path, help="the results folder taken as the base")

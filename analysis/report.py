@@ -77,6 +77,11 @@ def gpu_of(results: Path) -> str:
     return str(gpus.mode().iloc[0]) if len(gpus) else "unknown GPU"
 
 
+def gpu_label(gpu: str) -> str:
+    """A GPU's short name for a column or a list: "NVIDIA H100 80GB HBM3" -> "H100"."""
+    return str(gpu).replace("NVIDIA ", "").split()[0]
+
+
 def data_file(results: Path, name: str) -> Path:
     """results/name, or the committed reference's copy when a partial run (`make bench
     BENCH_ARGS='--family ...'`) did not measure it; `note(df)` says so in the chapter."""

@@ -707,7 +707,7 @@ def gpu_comparison_display(cmp: pd.DataFrame) -> pd.DataFrame:
     out = None
     for gpu, g in cmp.groupby("gpu", sort=False):
         cols = g.set_index(["family", "case"])[["fused ms", "vs Triton unfused", "vs eager"]]
-        cols.columns = [f"{c} ({gpu.replace('NVIDIA ', '').split()[0]})" for c in
+        cols.columns = [f"{c} ({R.gpu_label(gpu)})" for c in
                         ("fused ms", "× unfused", "× eager")]
         out = cols if out is None else out.join(cols, how="inner")
     return pd.DataFrame() if out is None else out.reset_index()
@@ -786,7 +786,7 @@ def place_against_best(folders: list) -> pd.DataFrame:
     or within PLACE_TIE of the fastest, the median ratio, and the case where it is farthest."""
     from .schema import FAMILY_SHAPES
 
-    gpus = {folder: R.gpu_of(folder).replace("NVIDIA ", "").split()[0] for folder in folders}
+    gpus = {folder: R.gpu_label(R.gpu_of(folder)) for folder in folders}
     rows = []
     for family, label in PLACE_LABEL.items():
         for folder, gpu in gpus.items():

@@ -114,7 +114,8 @@ def run(args, problems) -> dict[str, Path]:
         # Out of .parts: a later --resume must not merge these rows a second time.
         kept = parts.with_name(".parts-merged")
         shutil.rmtree(kept, ignore_errors=True)
-        parts.rename(kept)
+        if parts.exists():  # absent where every worker died before writing anything
+            parts.rename(kept)
         # Not exit 0: the bench is incomplete (a dead worker's problem left the queue with it),
         # and `make bench`/`make report` must not go on as if it were done.
         raise SystemExit(f"workers {failed} failed: their rows so far are merged (their parts "

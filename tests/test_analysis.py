@@ -204,7 +204,7 @@ def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
     """`python -m triton_fusion_report.analysis --grid smoke` end to end on this machine (interpreter on a CPU)."""
     out = tmp_path / "run"
     assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
-                     "--no-progress"]) == 0
+                     "--no-progress", "--workers", "1"]) == 0  # one run (two GPUs: two workers)
     table = pq.read_table(out / "elementwise.parquet")
     assert table.schema.names == schema.family_schema("elementwise").names
     for column in ["run_id", "git_commit", "gpu", "torch", "triton", "family", "op", "impl",
@@ -306,7 +306,8 @@ def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid
     through the interpreter and ok."""
     out = tmp_path / "run"
     assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "softmax",
-                     "--op", "softmax_bwd", "--no-progress"]) == 0
+                     "--op", "softmax_bwd", "--no-progress",
+                     "--workers", "1"]) == 0  # one process: the patched grid reaches it
     table = pq.read_table(out / "softmax.parquet")
     assert table.schema.names == schema.family_schema("softmax").names
     df = table.to_pandas()
@@ -923,7 +924,7 @@ def test_a_new_run_into_a_folder_with_its_family_is_refused(tmp_path, tiny_softm
     earlier run's rows (whose record would still say it finished)."""
     out = tmp_path / "run"
     base = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--where", "width=33",
-            "--no-progress"]
+            "--no-progress", "--workers", "1"]  # one process: the patched grid reaches it
     assert cli.main(base + ["--op", "softmax_bwd"]) == 0
     before = (out / "softmax.parquet").read_bytes()
     for workers in ("1", "2"):
@@ -948,7 +949,7 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
 
     out = tmp_path / "run"
     argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
-            "--no-progress"]
+            "--no-progress", "--workers", "1"]  # one process: the patches reach it
     real = _dies_in_the_second_problem(monkeypatch)
     with pytest.raises(RuntimeError, match="killed"):
         cli.main(argv)
@@ -990,7 +991,7 @@ def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_so
 
     out = tmp_path / "run"
     argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
-            "--no-progress"]
+            "--no-progress", "--workers", "1"]  # one process: the patches reach it
     real, calls, refused = sweep._run_problem, [], []
 
     def second_process_meanwhile(problem, *args):

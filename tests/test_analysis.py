@@ -840,11 +840,17 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
             self.target, self.args, self.exitcode = target, (k, copy.copy(options), *shared), None
 
         def start(self):
+            # A worker sets its GPU as the current device: in this process that would outlive
+            # the test (and a CUDA graph replayed by a later test on two GPUs crashed).
+            before = torch.cuda.current_device() if torch.cuda.is_available() else None
             try:
                 self.target(*self.args)
                 self.exitcode = 0
             except Exception:  # noqa: BLE001 - as a process that died
                 self.exitcode = 1
+            finally:
+                if before is not None:
+                    torch.cuda.set_device(before)
 
         def is_alive(self):
             return False

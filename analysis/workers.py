@@ -114,12 +114,14 @@ def run(args, problems) -> dict[str, Path]:
         # Out of .parts: a later --resume must not merge these rows a second time.
         kept = parts.with_name(".parts-merged")
         shutil.rmtree(kept, ignore_errors=True)
-        if parts.exists():  # absent where every worker died before writing anything
+        wrote = parts.exists()  # not where every worker died before writing anything
+        if wrote:
             parts.rename(kept)
         # Not exit 0: the bench is incomplete (a dead worker's problem left the queue with it),
         # and `make bench`/`make report` must not go on as if it were done.
-        raise SystemExit(f"workers {failed} failed: their rows so far are merged (their parts "
-                         f"are kept in {kept}); --resume measures what is missing")
+        so_far = (f"their rows so far are merged (their parts are kept in {kept})" if wrote
+                  else "none wrote a row")
+        raise SystemExit(f"workers {failed} failed: {so_far}; --resume measures what is missing")
     else:
         shutil.rmtree(parts, ignore_errors=True)
     return paths

@@ -822,17 +822,14 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
     assert not (out / ".parts").exists()
 
 
-@two_workers
-def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
-    """A worker that dies (its problem half done, taken off the queue: no one measures it) makes
-    the bench exit non-zero, so `make bench`/`make report` stop rather than render a folder with
-    configurations missing; what was measured is merged and --resume measures the rest. (The
-    workers run in this process here, one after the other, so the patched sweep reaches them.)"""
+def _workers_in_this_process(monkeypatch):
+    """workers.run's processes run in this process, one after the other (so a test's patches
+    reach them); a worker that raises exits as a process that died."""
     import copy
     import multiprocessing
     import queue as queues
 
-    from triton_fusion_report.analysis import sweep, workers
+    from triton_fusion_report.analysis import workers
 
     class InProcess:
         def __init__(self, target, args, daemon):  # its own copy of the options, as a spawn's
@@ -859,6 +856,17 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
         Process, Queue, Value = InProcess, queues.Queue, staticmethod(multiprocessing.Value)
 
     monkeypatch.setattr(workers.mp, "get_context", lambda _: Context)
+
+
+@two_workers
+def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
+    """A worker that dies (its problem half done, taken off the queue: no one measures it) makes
+    the bench exit non-zero, so `make bench`/`make report` stop rather than render a folder with
+    configurations missing; what was measured is merged and --resume measures the rest. (The
+    workers run in this process here, one after the other, so the patched sweep reaches them.)"""
+    from triton_fusion_report.analysis import sweep
+
+    _workers_in_this_process(monkeypatch)
     real = _dies_in_the_second_problem(monkeypatch)  # worker 0 dies in the second problem
     out = tmp_path / "run"
     argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
@@ -870,6 +878,27 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
     monkeypatch.setattr(sweep, "_run_problem", real)
     assert cli.main(argv + ["--resume"]) == 0
     assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * 7
+
+
+@two_workers
+def test_workers_that_all_die_before_a_row_fail_the_bench(tmp_path, monkeypatch):
+    """Every worker dead before its first row: the bench exits non-zero with its own message (no
+    parts to keep), the folder holds no family file."""
+    from triton_fusion_report.analysis import workers
+
+    _workers_in_this_process(monkeypatch)
+
+    def dies_at_once(*args):
+        raise RuntimeError("CUDA unavailable")
+
+    monkeypatch.setattr(workers, "_worker", dies_at_once)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op",
+                  "softmax_bwd", "--no-progress", "--workers", "2"])
+    assert str(exit_.value.code) == ("workers [0, 1] failed: none wrote a row; --resume "
+                                     "measures what is missing")
+    assert not (out / "softmax.parquet").exists() and not (out / ".parts-merged").exists()
 
 
 @two_workers

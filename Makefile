@@ -96,7 +96,7 @@ render: setup ## render the book from RESULTS (default: the reference; several f
 	echo "render: $$q, results from $(RESULTS)"; \
 	rm -rf $(OUTPUT_DIR); \
 	py=$$(case "$(RUN_PY)" in */*) echo "$(abspath $(RUN_PY))";; *) command -v $(RUN_PY);; esac); \
-	cd report && FUSION_RESULTS=$(subst $(SPACE),:,$(strip $(abspath $(RESULTS)))) QUARTO_PYTHON=$$py "$$q" render && \
+	FUSION_RESULTS=$(subst $(SPACE),:,$(strip $(abspath $(RESULTS)))) QUARTO_PYTHON=$$py "$$q" render && \
 	echo "report: $(OUTPUT_DIR)/index.html and $(OUTPUT_DIR)/$(BOOK_PDF)"
 
 test-report: setup ## render the book from RESULTS and test the output (links, cross-references, figures, PDF)
@@ -123,4 +123,4 @@ smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (int
 	TRITON_INTERPRET=1 $(RUN_PY) -m triton_fusion_report.analysis --out tests/data/smoke --grid smoke --device cpu --no-progress
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
-	rm -rf $(VENV) $(OUTPUT_DIR) report/.quarto results/runs .pytest_cache
+	rm -rf $(VENV) $(OUTPUT_DIR) .quarto .book-cache results/runs .pytest_cache

@@ -356,7 +356,7 @@ def read_model_check(folder):
     import pandas as pd
     from pathlib import Path
 
-    from .report import data_file
+    from .book.data import data_file
 
     out = {}
     for name in ("model_check", "model_train"):

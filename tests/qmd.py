@@ -51,6 +51,6 @@ def run_cell(code: str, namespace: dict):
 
 
 def chapters(root: Path) -> list[Path]:
-    """The book's chapters, in order (report/_quarto.yml)."""
-    config = yaml.safe_load((root / "report" / "_quarto.yml").read_text())
-    return [root / "report" / p for p in config["book"]["chapters"]]
+    """The book's chapters and appendices, in order (_quarto.yml)."""
+    book = yaml.safe_load((root / "_quarto.yml").read_text())["book"]
+    return [root / p for p in book["chapters"] + book.get("appendices", [])]

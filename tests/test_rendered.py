@@ -40,7 +40,12 @@ class _Links(HTMLParser):
 
 
 def _pages() -> list[Path]:
-    return sorted(OUTPUT.glob("*.html"))
+    return sorted(p for p in OUTPUT.rglob("*.html") if "site_libs" not in p.parts)
+
+
+def _page(qmd: Path) -> Path:
+    """A chapter's HTML page: index.qmd -> index.html, report/x.qmd -> report/x.html."""
+    return OUTPUT / qmd.relative_to(ROOT).with_suffix(".html")
 
 
 def _parse(page: Path) -> _Links:
@@ -65,14 +70,14 @@ def _pdf_text(pdf: Path) -> str:
 
 
 def _pdf() -> Path:
-    config = yaml.safe_load((ROOT / "report" / "_quarto.yml").read_text())
+    config = yaml.safe_load((ROOT / "_quarto.yml").read_text())
     return OUTPUT / f"{config['book']['output-file']}.pdf"
 
 
 def test_every_chapter_has_its_page():
     assert (OUTPUT / "index.html").is_file()
     for qmd in CHAPTERS:
-        assert (OUTPUT / f"{qmd.stem}.html").is_file(), f"{qmd.stem}.html was not rendered"
+        assert _page(qmd).is_file(), f"{_page(qmd)} was not rendered"
 
 
 def test_local_links_and_images_resolve():
@@ -111,7 +116,7 @@ def test_every_figure_image_exists_and_is_not_empty():
     from qmd import cells
 
     for qmd in CHAPTERS:
-        page = OUTPUT / f"{qmd.stem}.html"
+        page = _page(qmd)
         images = _parse(page).images
         for label in (c.options["label"] for c in cells(qmd.read_text())
                       if str(c.options.get("label", "")).startswith("fig-")):
@@ -123,3 +128,54 @@ def test_every_figure_image_exists_and_is_not_empty():
                 continue
             path = page.parent / unquote(urlparse(src).path)
             assert path.is_file() and path.stat().st_size > 1000, f"{page.name}: {src} is empty"
+
+
+def _pdf_pages() -> list[str]:
+    """The PDF's text, page by page."""
+    if shutil.which("pdftotext"):
+        text = subprocess.run(["pdftotext", "-layout", str(_pdf()), "-"], capture_output=True,
+                              text=True, check=True).stdout
+        return text.split("\f")[:-1] if text.endswith("\f") else text.split("\f")
+    from pypdf import PdfReader
+
+    return [page.extract_text() or "" for page in PdfReader(_pdf()).pages]
+
+
+MAX_PAGES = 42
+
+
+def test_the_pdf_is_a_book_not_a_notebook():
+    pages = _pdf_pages()
+    assert len(pages) <= MAX_PAGES, f"the PDF has {len(pages)} pages (at most {MAX_PAGES})"
+    blank = [i + 1 for i, text in enumerate(pages) if not text.strip()]
+    assert len(blank) <= 1, f"blank pages: {blank}"  # typst may leave one after the title
+
+
+def test_the_findings_come_first():
+    """The first chapter after the contents states the findings: its table and figure."""
+    pages = _pdf_pages()
+    first = next(i for i, t in enumerate(pages) if _title(CHAPTERS[0]) in re.sub(r"\s+", " ", t)
+                 and "Contents" not in t)
+    assert first <= 3, f"the findings start on page {first + 1}"
+    html = _page(CHAPTERS[0]).read_text(encoding="utf-8")
+    assert 'id="tbl-headline"' in html and 'id="fig-predicted"' in html
+
+
+BOOKKEEPING = [
+    (re.compile(r"\b20\d{6}T\d{6}Z"), "a run id"),
+    (re.compile(r"(?<![\w/#.-])[0-9a-f]{12,40}(?![\w/.-])"), "a commit or hash"),
+    (re.compile(r"NOTES\.md"), "a pointer to the notes"),
+    (re.compile(r"\b(target|goal)s?\b[^.]*\b(met|missed)\b", re.I), "a verdict on a target"),
+]
+APPENDICES = ("methods", "reproducibility", "data")
+
+
+def test_no_bookkeeping_outside_the_appendices():
+    for qmd in CHAPTERS:
+        if qmd.stem in APPENDICES:
+            continue
+        html = _page(qmd).read_text(encoding="utf-8")
+        text = re.sub(r"<[^>]+>", " ", html[html.find("<main") if "<main" in html else 0:])
+        for pattern, what in BOOKKEEPING:
+            hit = pattern.search(text)
+            assert not hit, f"{_page(qmd).name}: {what}: {hit.group(0)!r}"

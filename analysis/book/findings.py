@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import report as R
-from . import synthesis, traffic
+from . import data as R
+from . import synthesis
+from .. import traffic
 
 # --- Elementwise ----------------------------------------------------------------------------------
 

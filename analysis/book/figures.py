@@ -7,7 +7,7 @@ import inspect
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .report import IMPL_LABEL, IMPL_ORDER
+from .data import IMPL_LABEL, IMPL_ORDER
 
 STYLE = {
     "torch_eager": dict(color="#555555", marker="o", ls="-"),
@@ -83,24 +83,37 @@ def _log2_axis(ax):
     ax.set_xscale("log", base=2)
 
 
+def legend_below(fig, axes, ncol: int = 4) -> None:
+    """One legend under the panels, every label once (inside a panel it hides the data)."""
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    rows = -(-len(entries) // ncol)
+    bottom = (0.25 + 0.2 * rows) / fig.get_figheight()
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol,
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+
+
 @_or_no_data
 def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str, ylabel: str,
                   logy: bool = True, hline: float | None = None, hline_label: str | None = None,
-                  panel_title=lambda v: str(v), hlines: dict | None = None) -> plt.Figure:
+                  panel_title=lambda v: str(v), hlines: dict | None = None,
+                  height: float = 3.6) -> plt.Figure:
     """One panel per value of `panels`, one line per implementation, the trials' spread as a band
     around each line where the rows have it; `hline` (or several, `hlines`: label -> value) a
-    ceiling, dotted."""
+    ceiling, dotted. The figure is the text's width whatever the number of panels."""
     ceilings = dict(hlines or {})
     if hline is not None:
         ceilings[hline_label] = hline
     values = list(dict.fromkeys(df[panels]))
-    fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 3.8), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(values), figsize=(7, height), squeeze=False, sharey=True)
     for ax, value in zip(axes[0], values):
         sub = df[df[panels] == value]
         for impl in _impls(sub):
             d = sub[sub["impl"] == impl].sort_values(x)
-            _plot_with_spread(ax, d, x, y, label=IMPL_LABEL.get(impl, impl), ms=4,
+            _plot_with_spread(ax, d, x, y, label=IMPL_LABEL.get(impl, impl), ms=3,
                               **STYLE.get(impl, dict(marker=".")))
         for k, (label, level) in enumerate(ceilings.items()):
             if level == level:  # NaN: a ceiling this run did not measure
@@ -108,17 +121,11 @@ def lines_by_impl(df: pd.DataFrame, x: str, y: str, panels: str, *, xlabel: str,
         _log2_axis(ax)
         if logy:
             ax.set_yscale("log")
-        ax.set_title(panel_title(value))
+        ax.set_title(panel_title(value), fontsize=9)
         ax.set_xlabel(xlabel)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
-    # One legend with every panel's lines (a panel may lack an implementation).
-    entries = {}
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            entries.setdefault(label, handle)
-    axes[0][-1].legend(list(entries.values()), list(entries), fontsize=8, loc="best")
-    fig.tight_layout()
+    legend_below(fig, axes[0])
     return fig
 
 

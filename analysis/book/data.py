@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import schema
+from .. import schema
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference" / "h100"
 IMPL_ORDER = ["torch_eager", "torch_compile", "torch_compile_max", "triton_unfused",
               "triton_fused"]
@@ -83,10 +83,8 @@ def gpu_label(gpu: str) -> str:
 
 
 def data_file(results: Path, name: str) -> Path:
-    """results/name, or the committed reference's copy when a partial run (`make bench
-    BENCH_ARGS='--family ...'`) did not measure it; `note(df)` says so in the chapter."""
-    path = Path(results) / name
-    return path if path.exists() else REFERENCE / name
+    """results/name (which may not exist: a run that did not measure it)."""
+    return Path(results) / name
 
 
 # What a run on the CPU (Triton's interpreter) measures is the interpreter's wall clock: not a time.
@@ -106,28 +104,23 @@ PRIMARY_OP = {"attention": "attention_fwd", "softmax": "softmax"}
 def load(results: Path, family: str, op: str | None = None) -> pd.DataFrame:
     """A family's rows: those of `op`, by default the family's main op (PRIMARY_OP: attention's
     file also holds forward+backward and decoding rows, softmax's the backward's, op
-    "softmax_bwd"). Where the folder's file has no rows of the op (a run of other ops only,
-    `--op`), they come from the committed reference, as a missing family does; where neither has
-    any, the frame is empty. Rows measured on the CPU keep their correctness check but lose their
-    timings (NaN): the chapters then say so instead of plotting the interpreter's speed."""
-    path = data_file(results, f"{family}.parquet")
-    op = op or PRIMARY_OP.get(family)
-    df = _rows_of(path, family, op)
-    if not len(df) and op is not None and path.resolve() != (REFERENCE / path.name).resolve():
-        path = REFERENCE / path.name
-        df = _rows_of(path, family, op)
+    "softmax_bwd"); empty where the folder has none (the chapters then say what is missing).
+    Rows measured on the CPU keep their correctness check but lose their timings (NaN): the
+    interpreter's speed is not a finding."""
+    path = Path(results) / f"{family}.parquet"
+    df = _rows_of(path, family, op or PRIMARY_OP.get(family))
     if on_cpu(df):
         for column in TIMING_COLUMNS:
             if column in df:
                 df[column] = float("nan")
-    df.attrs["from_reference"] = path.parent.resolve() != Path(results).resolve()
-    df.attrs["on_cpu"] = on_cpu(df)
     return df
 
 
 def _rows_of(path: Path, family: str, op: str | None) -> pd.DataFrame:
     """The rows of `op` (all of them for None) in a family's file, with the columns added since
     it was written filled in (see `schema.with_added_columns`)."""
+    if not path.exists():
+        return pd.DataFrame(columns=["family", "op", "impl", "status", "sweep", "run_id"])
     df = schema.with_added_columns(pd.read_parquet(path), family)
     if op is not None:
         df = df[df["op"] == op].reset_index(drop=True)
@@ -141,8 +134,9 @@ def _rows_of(path: Path, family: str, op: str | None) -> pd.DataFrame:
 
 
 def load_csv(results: Path, name: str) -> pd.DataFrame:
-    """A CSV table of a run (e.g. host_overhead.csv), or the reference's copy (see `data_file`)."""
-    return pd.read_csv(data_file(results, f"{name}.csv"))
+    """A CSV table of a run (e.g. host_overhead.csv); empty where the run did not write it."""
+    path = Path(results) / f"{name}.csv"
+    return pd.read_csv(path) if path.exists() else pd.DataFrame()
 
 
 def source_line(table: pd.DataFrame) -> str:
@@ -592,15 +586,26 @@ def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
     return p[[c for c in IMPL_ORDER if c in p.columns] + [c for c in p.columns if c not in IMPL_ORDER]]
 
 
-def md_table(df: pd.DataFrame, floatfmt: str = ".3g", index: bool = False) -> "Markdown":
-    """A pipe table (Quarto renders it in HTML and typst alike), with no extra dependency."""
-    if df is None or df is MISSING or len(df) == 0:
+def num(v: float, digits: int = 3) -> str:
+    """A number for people: `digits` significant digits, thousands separated, no exponent."""
+    if v is None or pd.isna(v):
+        return "—"
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    places = max(0, digits - 1 - int(math.floor(math.log10(abs(v)))))
+    return f"{v:,.{places}f}"
+
+
+def md_table(df: pd.DataFrame, floatfmt: str | None = None, index: bool = False) -> "Markdown":
+    """A pipe table (Quarto renders it in HTML and typst alike), with no extra dependency.
+    Floats as `num` gives them unless `floatfmt` is given."""
+    if df is None or len(df) == 0:
         return Markdown("| data |\n|:---|\n| none in this results folder |")
     if index:
         df = df.reset_index()
     def cell(v):
         if isinstance(v, float):
-            return "—" if pd.isna(v) else format(v, floatfmt)
+            return "—" if pd.isna(v) else (format(v, floatfmt) if floatfmt else num(v))
         # "@" would start a citation in Pandoc's markdown (softmax(X)@V); "|" a new column.
         return str(v).replace("@", "\\@").replace("|", "\\|")
     head = "| " + " | ".join(map(str, df.columns)) + " |"
@@ -744,3 +749,34 @@ def value_at(df: pd.DataFrame, impl: str, column: str = "ms_median", **where) ->
     if len(sel) > 1:  # two shapes (or runs) match: name the one meant rather than take either
         raise AmbiguousRows(f"value_at({impl!r}, {column!r}, {where}): {len(sel)} rows match")
     return float(sel[column].iloc[0]) if len(sel) else float("nan")
+
+
+def device_ms(df: pd.DataFrame) -> pd.Series:
+    """ms per call of each row: the device time (CUDA-graph replay) where measured, else the
+    per-call median."""
+    if "ms_device" not in df:
+        return df["ms_median"]
+    return df["ms_device"].fillna(df["ms_median"])
+
+
+def timed(df: pd.DataFrame, sweep: str = "size", **where) -> pd.DataFrame:
+    """The rows of one sweep that ran and were timed, matching `where`, with `t_ms` (device
+    time where measured, else per call) and `device` (whether t_ms is device time)."""
+    sel = ok_rows(df, sweep) if len(df) else df
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    if not len(sel):
+        return sel.assign(t_ms=pd.Series(dtype=float), device=pd.Series(dtype=bool))
+    sel = sel.assign(t_ms=device_ms(sel),
+                     device=sel["ms_device"].notna() if "ms_device" in sel else False)
+    return sel[sel["t_ms"].notna()]
+
+
+def lacking(what: str) -> str:
+    """The sentence a chapter prints where its data lack what a finding needs."""
+    return f"These data hold no {what}, so this finding is not available here."
+
+
+def times(rows: pd.DataFrame) -> dict:
+    """impl -> t_ms over `timed` rows of one configuration (the fastest row of an impl)."""
+    return rows.groupby("impl")["t_ms"].min().to_dict() if len(rows) else {}

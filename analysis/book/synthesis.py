@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from . import report as R
-from . import traffic
-from .schema import PEAK_PRECISION
+
+from . import data as R
+from .. import traffic
+from ..schema import PEAK_PRECISION
 
 # Whole implementations of an op by a library: SDPA's backends, cuBLASLt's matmul with the
 # activation in its epilogue, the peer Triton libraries (cuBLAS rows are the matmul alone: a
@@ -134,7 +134,7 @@ def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
     """(method, K slices) that matmul+softmax's fused kernel ran at a configuration (the row's
     variant; split_k's slices as its plan takes them on the row's GPU), for the traffic model:
     two passes over the logits move what the unfused pair does. (None, 1) without a fused row."""
-    from ..kernels import softmax_regression as sr
+    from ...kernels import softmax_regression as sr
 
     fused = _select(df, where)
     fused = fused[fused["impl"] == "triton_fused"]
@@ -143,6 +143,8 @@ def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
     r = fused.iloc[0]
     if r["variant"] != sr.SPLIT_K:
         return r["variant"], 1
+    import torch  # only here: the book's other paths never import torch
+
     dtype = {"float32": torch.float32, "float16": torch.float16,
              "bfloat16": torch.bfloat16}[r["dtype"]]
     kw = {"input_precision": r["precision"]} if r["dtype"] == "float32" else {}

@@ -1,0 +1,60 @@
+"""The book's code: what each chapter of the report says, computed from a results folder.
+
+A chapter module (`summary`, `elementwise`, ...) has `compute(folders) -> dict`: tables (pandas),
+numbers and the chapter's sentences, everything its cells show; its figure functions draw from
+that dict. `chapter(name, results)` computes it once per results folder and keeps it on disk, so
+the HTML and the PDF renders (Quarto runs every cell once per format) share one computation.
+
+Nothing here imports torch or the kernels: a render needs pandas and matplotlib only.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pickle
+from pathlib import Path
+
+from . import data
+
+CACHE = True  # tests turn it off: they compute every folder afresh
+CACHE_DIR = data.ROOT / ".book-cache"
+
+
+class Chapter(dict):
+    """A chapter's computed values. `c.say("key")` is a sentence, as markdown for inline use."""
+
+    def say(self, key: str) -> "data.Markdown":
+        return data.Markdown(self["say"][key])
+
+
+def _fingerprint(name: str, folders: list[Path]) -> str:
+    h = hashlib.sha256(name.encode())
+    for src in sorted(Path(__file__).parent.glob("*.py")) + [Path(__file__).parents[1] / "traffic.py"]:
+        h.update(src.read_bytes())
+    for folder in folders:
+        h.update(str(folder.resolve()).encode())
+        for f in sorted(folder.iterdir()):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def chapter(name: str, results=None) -> Chapter:
+    """The values of chapter `name` (a module of this package) for the render's results folders
+    (`results`, else $FUSION_RESULTS, else the committed references)."""
+    folders = data.results_dirs(results)
+    module = importlib.import_module(f"{__name__}.{name}")
+    if not CACHE:
+        return Chapter(module.compute(folders))
+    path = CACHE_DIR / f"{name}-{_fingerprint(name, folders)}.pkl"
+    if path.exists():
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    values = Chapter(module.compute(folders))
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(values, f)
+    os.replace(tmp, path)
+    return values

@@ -1,0 +1,397 @@
+"""The traffic model's cases of every family, each family's headline case, and the
+speedups measured there: what the summary and the across-families chapter share."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+from . import data as R
+from .. import traffic
+from ..schema import PEAK_PRECISION
+
+# Whole implementations of an op by a library: SDPA's backends, cuBLASLt's matmul with the
+# activation in its epilogue, the peer Triton libraries (cuBLAS rows are the matmul alone: a
+# reference point, not an implementation of the fused op).
+LIBRARIES = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "cublaslt", "liger", "flag_gems")
+
+
+def device_time(df: pd.DataFrame) -> pd.Series:
+    """ms per call of each row: the device time where measured, else the per-call median."""
+    if "ms_device" not in df:
+        return df["ms_median"]
+    return df["ms_device"].fillna(df["ms_median"])
+
+
+def peak_of(limits: pd.DataFrame, precision: str, run_id: str) -> float:
+    return R.limit(limits, "matmul_peak", PEAK_PRECISION.get(precision, precision), run_id=run_id)
+
+
+def model_ms(kernels: list[traffic.Kernel], copy_gbps: float, peak_tflops: float) -> float:
+    """The roofline model of a chain of kernels: each kernel takes max(bytes / bandwidth,
+    FLOPs / peak), and the chain the sum over its launches (ms)."""
+    return sum(max(k.total / copy_gbps / 1e6, k.flops / peak_tflops / 1e9 if k.flops else 0.0)
+               for k in kernels)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family at one size: where its rows are, and its kernels unfused and fused (as the
+    fused kernel ran there). op_bytes: what the fused op must move at least, its arithmetic
+    intensity's denominator, where that differs from the fused kernels' bytes."""
+    family: str
+    label: str
+    where: dict
+    unfused: list
+    fused: list
+    flops: float
+    op_bytes: float | None = None
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / (self.op_bytes or traffic.total(self.fused))
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+
+
+def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
+    """Every size-sweep configuration of a family that the traffic model covers, as a Case."""
+    keys = {
+        "elementwise": ["dtype", "n", "z_kind"],
+        "softmax": ["dtype", "rows", "width", "direction"],
+        "layernorm": ["dtype", "rows", "width", "direction"],
+        "softmax_matmul": ["dtype", "precision", "batch", "d1", "d2", "d3"],
+        "attention": ["dtype", "batch", "heads", "seq", "head_dim", "causal"],
+        "matmul_softmax": ["dtype", "precision", "m", "k", "n"],
+        "linear_act": ["dtype", "precision", "m", "k", "n", "activation"],
+    }[family]
+    rows = df[(df["sweep"] == "size")].drop_duplicates(keys)
+    out = []
+    for r in rows.itertuples(index=False):
+        e = _itemsize(r.dtype)
+        where = {k: getattr(r, k) for k in keys}
+        op_bytes = None
+        if family == "elementwise":
+            u = traffic.add_mul_kernels(r.n, e, r.z_kind, fused=False)
+            f = traffic.add_mul_kernels(r.n, e, r.z_kind, fused=True)
+            label = f"{r.dtype}, n = {R.pow2(r.n)}, z {r.z_kind}"
+            flops = traffic.add_mul_flops(r.n)
+        elif family == "softmax":
+            if r.direction != "fwd":
+                continue  # the headline and the model's cases are the forward's
+            u = traffic.softmax_kernels(r.rows, r.width, e, "triton_unfused")
+            f = traffic.softmax_kernels(r.rows, r.width, e, "triton_fused")
+            label = f"{r.dtype}, {r.rows} × {r.width}"
+            flops = traffic.softmax_flops(r.rows, r.width)
+        elif family == "layernorm":
+            if r.direction != "fwd":
+                continue  # the unfused Triton version is a forward
+            u = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_unfused")
+            f = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_fused")
+            label = f"{r.dtype}, {r.rows} × {r.width}"
+            flops = traffic.layer_norm_flops(r.rows, r.width)
+        elif family == "softmax_matmul":
+            u = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_unfused")
+            f = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_fused")
+            label = f"{r.precision}, d2 = {r.d2}"
+            flops = traffic.softmax_matmul_flops(r.batch, r.d1, r.d2, r.d3)
+        elif family == "attention":
+            if r.causal:
+                continue  # the model's kernels count the full square
+            u = traffic.attention_kernels(r.batch, r.heads, r.seq, r.head_dim, e, "triton_unfused")
+            f = traffic.attention_kernels(r.batch, r.heads, r.seq, r.head_dim, e, "triton_fused")
+            label = f"{r.dtype}, seq {r.seq}, head_dim {r.head_dim}"
+            flops = traffic.attention_flops(r.batch, r.heads, r.seq, r.head_dim, False)
+        elif family == "matmul_softmax":
+            u = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_unfused")
+            f = traffic.matmul_softmax_kernels(r.m, r.k, r.n, e, "triton_fused",
+                                               *_fused_method(df, where))
+            op_bytes = traffic.total(traffic.matmul_softmax_kernels(r.m, r.k, r.n, e,
+                                                                    "triton_fused"))
+            label = f"{r.precision}, {r.m} × {r.k} × {r.n}"
+            flops = traffic.matmul_softmax_flops(r.m, r.k, r.n)
+        else:
+            u = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_unfused")
+            f = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_fused")
+            label = f"{r.precision}, {r.m} × {r.k} × {r.n}, {r.activation}"
+            flops = 2 * r.m * r.k * r.n
+        out.append(Case(family, label, where, u, f, flops, op_bytes))
+    return out
+
+
+def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
+    """(method, K slices) that matmul+softmax's fused kernel ran at a configuration (the row's
+    variant; split_k's slices as its plan takes them on the row's GPU), for the traffic model:
+    two passes over the logits move what the unfused pair does. (None, 1) without a fused row."""
+    from ...kernels import softmax_regression as sr
+
+    fused = _select(df, where)
+    fused = fused[fused["impl"] == "triton_fused"]
+    if not len(fused) or fused["variant"].iloc[0] not in sr.METHODS:
+        return None, 1
+    r = fused.iloc[0]
+    if r["variant"] != sr.SPLIT_K:
+        return r["variant"], 1
+    import torch  # only here: the book's other paths never import torch
+
+    dtype = {"float32": torch.float32, "float16": torch.float16,
+             "bfloat16": torch.bfloat16}[r["dtype"]]
+    kw = {"input_precision": r["precision"]} if r["dtype"] == "float32" else {}
+    if pd.notna(r.get("sm_count")):  # (CPU rows have none: the plan's interpreter default)
+        kw["sm_count"] = int(r["sm_count"])
+    plan = sr.matmul_softmax_plan(int(r["m"]), int(r["k"]), int(r["n"]), dtype,
+                                  method=sr.SPLIT_K, **kw)
+    return sr.SPLIT_K, plan.splits
+
+
+def _select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
+    """The size-sweep rows of one configuration: at most one per implementation, else `where`
+    names several shapes (e.g. a width measured at two row counts) and is an error."""
+    sel = df[(df["sweep"] == "size") & (df["status"] == "ok")]
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    if len(sel) and sel["impl"].duplicated().any():
+        raise R.AmbiguousRows(f"{where} matches {len(sel)} rows, several per implementation: "
+                         "name every shape column")
+    return sel
+
+
+def times_of(df: pd.DataFrame, where: dict) -> dict:
+    """impl -> device time (ms) at one configuration (the fused impl's default path)."""
+    sel = _select(df, where)
+    sel = sel.assign(t=device_time(sel)).dropna(subset=["t"])
+    return sel.groupby("impl")["t"].min().to_dict()
+
+
+def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
+    """One row per family and size: the speedup of fused over unfused Triton that the roofline
+    model predicts, and the one measured (device times)."""
+    rows = []
+    for family, df in frames.items():
+        for case in cases_of(family, df):
+            t = times_of(df, case.where)
+            if "triton_fused" not in t or "triton_unfused" not in t:
+                continue
+            # The case's own run (a family's parts may come from two runs).
+            run = R.run_of(_select(df, case.where))
+            bw = R.limit(limits, "copy_bw", run_id=run)
+            peak = peak_of(limits, case.where.get("precision", case.where["dtype"]), run) \
+                if any(k.flops for k in case.fused) else math.inf
+            predicted = model_ms(case.unfused, bw, peak) / model_ms(case.fused, bw, peak)
+            rows.append(dict(family=family, case=case.label, predicted=predicted,
+                             measured=t["triton_unfused"] / t["triton_fused"],
+                             fused_ms=t["triton_fused"]))
+    return pd.DataFrame(rows, columns=["family", "case", "predicted", "measured", "fused_ms"])
+
+
+def model_fit(pvm: pd.DataFrame) -> dict:
+    """How the measured speedups sit against the model's: how many within a quarter of it, and
+    those below (measured under 0.8 of predicted) and above (over 1.25): how many, per family,
+    and the farthest, with its ratio."""
+    ratio = pvm["measured"] / pvm["predicted"] if len(pvm) else pd.Series(dtype=float)
+
+    def describe(sel, farthest):
+        if not len(sel):
+            return "none"
+        counts = sel.groupby("family").size().sort_values(ascending=False)
+        r = sel.loc[farthest(ratio[sel.index])]
+        return (f"{len(sel)} ({', '.join(f'{FAMILY_LABEL[k]} {n}' for k, n in counts.items())};"
+                f" the farthest {FAMILY_LABEL[r['family']]} {r['case']} at "
+                f"{r['measured'] / r['predicted']:.2f}×)")
+
+    return dict(close=int(ratio.between(0.8, 1.25).sum()),
+                below=describe(pvm[ratio < 0.8], pd.Series.idxmin),
+                above=describe(pvm[ratio > 1.25], pd.Series.idxmax))
+
+
+# The size each family is summed up at: its largest configuration of the kind the chapter
+# headlines (the first of these present in the data is taken).
+HEADLINES = {
+    "elementwise": [dict(dtype="float32", z_kind="tensor", n=2**27)],
+    "softmax": [dict(dtype="float32", width=16384)],
+    "layernorm": [dict(dtype="float16", direction="fwd", width=16384)],
+    "softmax_matmul": [dict(precision="float16"), dict(precision="tf32")],
+    "attention": [dict(head_dim=128, seq=4096, causal=False)],
+    "matmul_softmax": [dict(precision="float16", m=4096, k=1024, n=128256),
+                       dict(precision="float16")],
+    # The family is labelled "linear + GELU": at a size where ReLU's rows tie on FLOPs, GELU's.
+    "linear_act": [dict(precision="float16", m=8192, activation="gelu"),
+                   dict(precision="float16", activation="gelu"), dict(precision="float16")],
+}
+FAMILY_LABEL = {
+    "elementwise": "add-mul", "softmax": "softmax", "layernorm": "LayerNorm fwd",
+    "softmax_matmul": "softmax(X) @ V", "attention": "attention fwd",
+    "matmul_softmax": "matmul + softmax", "linear_act": "linear + GELU",
+}
+
+
+def headline(family: str, df: pd.DataFrame) -> Case | None:
+    """The family's headline case: the first HEADLINES entry the data has, at its largest size
+    where the entry leaves the size open."""
+    cases = cases_of(family, df)
+    for want in HEADLINES[family]:
+        hits = [c for c in cases if all(c.where.get(k) == v for k, v in want.items())
+                and "triton_fused" in times_of(df, c.where)]
+        if hits:
+            return max(hits, key=lambda c: c.flops)
+    return None
+
+
+def headline_table(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
+    """Per family at its headline size: bytes and launches unfused/fused (model), arithmetic
+    intensity, and the fused kernel's measured speedup over each baseline (their time / ours)."""
+    rows = []
+    for family, df in frames.items():
+        case = headline(family, df)
+        if case is None:
+            continue
+        t = times_of(df, case.where)
+        fused = t["triton_fused"]
+        libs = {k: v for k, v in t.items() if k in LIBRARIES}
+        best_lib = min(libs, key=libs.get) if libs else None
+        rows.append({
+            "family": FAMILY_LABEL[family], "case": case.label,
+            "MB unfused": traffic.total(case.unfused) / 1e6,
+            "MB fused": traffic.total(case.fused) / 1e6,
+            "launches unfused": len(case.unfused), "launches fused": len(case.fused),
+            "FLOP/byte": case.intensity,
+            "fused ms": fused,
+            "vs Triton unfused": t.get("triton_unfused", np.nan) / fused,
+            "vs eager": t.get("torch_eager", np.nan) / fused,
+            "vs torch.compile": t.get("torch_compile", np.nan) / fused,
+            "vs best library": libs[best_lib] / fused if best_lib else np.nan,
+            "best library": R.IMPL_LABEL.get(best_lib, "none measured") if best_lib else "none measured",
+            "_family": family,
+        })
+    return pd.DataFrame(rows)
+
+
+def headline_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The headline table as the chapter shows it: bytes and launches as "unfused → fused", the
+    speedups (their time / ours), the library named beside its speedup."""
+    def speed(v):
+        return "—" if v != v else f"{v:.2f}"
+
+    return pd.DataFrame({
+        "family": table["family"],
+        "case": table["case"],
+        "MB": [f"{u:,.0f} → {f:,.0f}" for u, f in zip(table["MB unfused"], table["MB fused"])],
+        "launches": [f"{u} → {f}" for u, f in zip(table["launches unfused"], table["launches fused"])],
+        "FLOP/B": [f"{v:.3g}" if v < 100 else f"{v:,.0f}" for v in table["FLOP/byte"]],
+        "× unfused": table["vs Triton unfused"].map(speed),
+        "× eager": table["vs eager"].map(speed),
+        "× compile": table["vs torch.compile"].map(speed),
+        "× library": [speed(v) + ("" if v != v else f" ({name})")
+                      for v, name in zip(table["vs best library"], table["best library"])],
+    })
+
+
+def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
+    """Every fused configuration: arithmetic intensity (FLOPs / model bytes) and attained
+    TFLOP/s, with the limits of its run and precision."""
+    rows = []
+    for family, df in frames.items():
+        sel = df[(df["sweep"] == "size") & (df["status"] == "ok") & (df["impl"] == "triton_fused")]
+        sel = sel.assign(t=device_time(sel)).dropna(subset=["t"])
+        if family == "attention":
+            sel = sel[~sel["causal"].astype(bool)]
+        for r in sel.itertuples(index=False):
+            # Each row against its own run's limits (a family's parts may come from two runs).
+            rows.append(dict(family=FAMILY_LABEL[family], precision=r.precision,
+                             intensity=r.flops_model / r.bytes_model,
+                             tflops=r.flops_model / r.t / 1e9,
+                             copy_gbps=R.limit(limits, "copy_bw", run_id=r.run_id),
+                             peak=peak_of(limits, r.precision, r.run_id)))
+    return pd.DataFrame(rows)
+
+
+def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The worst max |out - ref| / max |ref| against float64, per family, precision and impl, over
+    every configuration that ran."""
+    parts = []
+    for family, df in frames.items():
+        ok = df[df["status"] == "ok"].dropna(subset=["max_rel_err"])
+        parts.append(ok.assign(family=FAMILY_LABEL[family]))
+    if not parts:
+        return pd.DataFrame()
+    all_rows = pd.concat(parts)
+    t = all_rows.pivot_table(index=["family", "precision"], columns="impl", values="max_rel_err",
+                             aggfunc="max", sort=False)
+    order = [c for c in R.IMPL_ORDER if c in t.columns] + [c for c in t.columns if c not in R.IMPL_ORDER]
+    t = t[order]
+    t.columns = [R.SHORT_LABEL.get(c, c) for c in t.columns]
+    return t
+
+
+# A baseline "wins" when our time exceeds its by more than run-to-run noise (rows over 50 us
+# re-measured within 0.965-1.010 on the same H100 kind).
+LOSS = 0.97
+
+
+def conclusions(table: pd.DataFrame) -> dict[str, str]:
+    """Sentences from the headline table: where fusion pays, where torch.compile already fuses
+    it, where a library is already fused, where our kernel loses and by how much."""
+    def names(sel, column):
+        return ", ".join(f"{r.family} ({getattr(r, column):.2f}×)" for r in sel.itertuples()) or "none"
+
+    t = table.rename(columns=lambda c: c.replace(" ", "_").replace(".", "_"))
+    pays = t[(t["vs_Triton_unfused"] > 1.1) & (t["vs_eager"] > 1.0)]
+    compiled = t[t["vs_torch_compile"].between(0.9, 1.1) | (t["vs_torch_compile"] < 0.9)]
+    library = t[t["vs_best_library"] < LOSS]  # ahead by more than the noise, as losses are
+    baselines = {"eager": "vs_eager", "torch.compile": "vs_torch_compile"}
+    losses = []
+    for r in t.itertuples():
+        speed = {name: getattr(r, col) for name, col in baselines.items()}
+        if r.best_library != "none measured":
+            speed[r.best_library] = r.vs_best_library
+        name = min(speed, key=lambda k: speed[k] if speed[k] == speed[k] else math.inf)
+        if speed[name] < LOSS:  # their time over ours
+            losses.append(f"{r.family} ({name} {1 / speed[name]:.2f}× faster)")
+    return dict(
+        pays=names(pays, "vs_Triton_unfused"),
+        compile_fuses=names(compiled, "vs_torch_compile"),
+        library_ahead=names(library, "vs_best_library"),
+        loses=", ".join(losses) or "none",
+    )
+
+
+def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict],
+                   impls=("triton_fused",)) -> pd.DataFrame:
+    """How far each case is from its floor, one row per case: the floor, max(model bytes / copy
+    bandwidth, FLOPs / matmul peak) of the run that measured the case, and for each impl the
+    floor as a percentage of its device time (100: at the limit). `cases`: label -> the column
+    values that pick the configuration."""
+    rows = []
+    for label, where in cases.items():
+        sel = _select(df, where)
+        row = {"case": label, "bound by": "no data", "floor µs": np.nan}
+        if len(sel):
+            r = sel.iloc[0]
+            # The limits of the run that measured this configuration (a multi-GPU bench has one
+            # run per GPU, each with its own).
+            run = R.run_of(sel)
+            bw = R.limit(limits, "copy_bw", run_id=run)
+            peak = peak_of(limits, r["precision"], run)
+            mem_ms = r["bytes_model"] / bw / 1e6
+            flop_ms = r["flops_model"] / peak / 1e9 if peak == peak else 0.0
+            floor = max(mem_ms, flop_ms)
+            row.update({"bound by": "memory" if mem_ms >= flop_ms else "matmul peak",
+                        "floor µs": floor * 1e3})
+            t = times_of(df, where)
+        for impl in impls:
+            row[f"{R.IMPL_LABEL.get(impl, impl)} %"] = (100 * floor / t.get(impl, np.nan)
+                                                       if len(sel) else np.nan)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    # An implementation these data never ran here gets no column of dashes.
+    empty = [c for c in table.columns if c.endswith(" %") and table[c].isna().all()]
+    return table.drop(columns=empty) if len(table) and len(empty) < len(impls) else table
+
+
+# What matmul + softmax's `store_softmax` method is, wherever a chapter says the plan took it.

@@ -1,0 +1,196 @@
+"""The first chapter: the answer in one page. Per family at its headline size, what the traffic
+model predicts fusion buys, what it bought, where the fused kernel stands against the fastest
+other implementation and what memory it saves; the predicted-vs-measured figure; five sentences
+on when fusion pays."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from . import cases, data as D, figures
+
+NOT_COMPETING = ("triton_fused", "cublas")  # cuBLAS's matmul alone computes less than the op
+MEMORY_BOUND = 10  # FLOP per byte below which a family's headline is bound by bandwidth
+TIE = 0.03  # a few percent is the spread of repeated runs: a tie, not a finding
+
+
+def compute(folders: list) -> dict:
+    folder = folders[0]
+    limits = D.load_limits(folder)
+    frames = {family: D.load(folder, family) for family in cases.FAMILY_LABEL}
+    table = _headline(frames, limits)
+    pvm = cases.predicted_vs_measured(frames, limits)
+    gpu = D.gpu_label(D.gpu_of(folder))
+    say = {"data": _data_line(folder, frames)}
+    say.update(_sentences(table, pvm, D.load_csv(folder, "launch_cost")))
+    return dict(table=table, pvm=pvm, gpu=gpu, say=say)
+
+
+def _data_line(folder, frames) -> str:
+    rows = pd.concat([df for df in frames.values() if len(df)], ignore_index=True) \
+        if any(len(df) for df in frames.values()) else pd.DataFrame()
+    if not len(rows) or not rows["ms_median"].notna().any():
+        return ("These data hold no GPU timings (a run on the CPU checks correctness only), so the "
+                "findings below say what is missing.")
+    dates = rows["started_at"].astype(str).str[:10]
+    when = dates.max() if dates.min() == dates.max() else f"{dates.min()} to {dates.max()}"
+    return (f"Measured on an {D.gpu_label(D.gpu_of(folder))} ({when}; PyTorch "
+            f"{rows['torch'].iloc[0]}, Triton {rows['triton'].iloc[0]}); @sec-reproducibility "
+            "says how to measure your own.")
+
+
+def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
+    """One row per family at its headline case."""
+    out = []
+    for family, df in frames.items():
+        case = cases.headline(family, df) if len(df) else None
+        if case is None:
+            continue
+        t = cases.times_of(df, case.where)
+        fused = t["triton_fused"]
+        others = {k: v for k, v in t.items() if k not in NOT_COMPETING}
+        best = min(others, key=others.get) if others else None
+        run = D.run_of(cases._select(df, case.where))
+        bw = D.limit(limits, "copy_bw", run_id=run)
+        peak = (cases.peak_of(limits, case.where.get("precision", case.where["dtype"]), run)
+                if any(k.flops for k in case.fused) else np.inf)
+        predicted = (cases.model_ms(case.unfused, bw, peak) / cases.model_ms(case.fused, bw, peak)
+                     if bw == bw and peak == peak else np.nan)
+        peaks = cases._select(df, case.where).groupby("impl")["peak_mib"].min()
+        out.append(dict(
+            family=cases.FAMILY_LABEL[family], case=case.label, intensity=case.intensity,
+            predicted=predicted, measured=t["triton_unfused"] / fused if "triton_unfused" in t else np.nan,
+            best=best, vs_best=others[best] / fused if best else np.nan,
+            peak_fused=peaks.get("triton_fused", np.nan), peak_eager=peaks.get("torch_eager", np.nan),
+            _family=family))
+    return pd.DataFrame(out)
+
+
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """The headline table as the page shows it: six short columns."""
+    if not len(table):
+        return table
+
+    def x(v):
+        return "—" if pd.isna(v) else f"{v:.2f}×"
+
+    def memory(r):
+        if pd.isna(r.peak_fused) or pd.isna(r.peak_eager):
+            return "—"
+        return f"{D.num(r.peak_eager)} → {D.num(r.peak_fused)}"
+
+    return pd.DataFrame({
+        "family, headline case": [f"{r.family}: {r.case}" for r in table.itertuples()],
+        "model ×": table["predicted"].map(x),
+        "measured ×": table["measured"].map(x),
+        "fastest other": [D.SHORT_LABEL.get(b, b) if isinstance(b, str) else "—" for b in table["best"]],
+        "its time / fused": table["vs_best"].map(x),
+        "peak MiB eager → fused": [memory(r) for r in table.itertuples()],
+    })
+
+
+def _names(rows: pd.DataFrame) -> str:
+    return ", ".join(rows["family"])
+
+
+def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> dict:
+    if not len(table):
+        missing = D.lacking("family with its fused and unfused kernels timed at a headline size")
+        return {k: missing for k in ("bound", "compute", "quadratic", "place", "small")}
+    say = {}
+    bound = table[table["intensity"] < MEMORY_BOUND].dropna(subset=["measured", "predicted"])
+    if len(bound):
+        ratio = bound["measured"] / bound["predicted"]
+        say["bound"] = (
+            f"**Where the bytes set the time, fusion pays what it removes.** For the memory-bound "
+            f"families ({_names(bound)}: under {MEMORY_BOUND} FLOPs per byte) the measured speedup "
+            f"over the same computation as separate Triton kernels is "
+            f"{D.range_text(bound['measured'].min(), bound['measured'].max(), '.2f')}×, "
+            f"{D.range_text(100 * ratio.min(), 100 * ratio.max(), '.0f')}% of what the traffic "
+            "model predicts from the bytes alone.")
+    else:
+        say["bound"] = D.lacking("memory-bound family with both Triton versions timed")
+    heavy = table[(table["intensity"] >= MEMORY_BOUND) & ~table["_family"].isin(["attention", "softmax_matmul"])]
+    heavy = heavy.dropna(subset=["measured"])
+    if len(heavy):
+        say["compute"] = (
+            f"**Where a matmul sets the time, the epilogue's bytes are a rounding error.** Fusing "
+            f"into a large matmul ({_names(heavy)}) buys "
+            f"{D.range_text(heavy['measured'].min(), heavy['measured'].max(), '.2f')}× over the "
+            "unfused pair: what matters is how close the matmul itself runs to the tensor cores' "
+            "peak (@sec-matmul).")
+    else:
+        say["compute"] = D.lacking("matmul family with both Triton versions timed")
+    quad = table[table["_family"].isin(["attention", "softmax_matmul"])].dropna(subset=["measured"])
+    if len(quad):
+        say["quadratic"] = (
+            f"**The largest wins come where the intermediate is quadratic.** Attention's scores "
+            f"and softmax(X) @ V's probabilities never reach memory in the fused kernels: "
+            + "; ".join(f"{r.family} {r.measured:.2f}× faster than unfused"
+                        + (f", peak memory {D.num(r.peak_eager)} → {D.num(r.peak_fused)} MiB "
+                           "against eager" if r.peak_eager == r.peak_eager and r.peak_fused == r.peak_fused else "")
+                        for r in quad.itertuples()) + ".")
+    else:
+        say["quadratic"] = D.lacking("attention or softmax(X) @ V rows with both Triton versions timed")
+    placed = table.dropna(subset=["vs_best"])
+    if len(placed):
+        ahead = placed[placed["vs_best"] > 1 + TIE]
+        tied = placed[(placed["vs_best"] - 1).abs() <= TIE]
+        behind = placed[placed["vs_best"] < 1 - TIE]
+        parts = [f"**Against the fastest other implementation** (device time, every PyTorch mode "
+                 f"and library measured), the fused kernel is ahead in {len(ahead)} of "
+                 f"{len(placed)} families at their headline size"
+                 + (f" ({_names(ahead)})" if len(ahead) else "")
+                 + f", tied in {len(tied)}" + (f" ({_names(tied)})" if len(tied) else "")]
+        if len(behind):
+            parts.append(f"and behind in {len(behind)}: " + "; ".join(
+                f"{r.family} ({D.IMPL_LABEL.get(r.best, r.best)} is {100 * (1 / r.vs_best - 1):.0f}% faster)"
+                for r in behind.itertuples()))
+        say["place"] = ", ".join(parts) + (". A compiler or library that ties is the better "
+                                          "choice: it costs no kernel to maintain.")
+    else:
+        say["place"] = D.lacking("family with the fused kernel and another implementation timed")
+    say["small"] = _small(launch)
+    return say
+
+
+def _small(launch: pd.DataFrame) -> str:
+    """Tiny sizes: the host's cost per call, ours against eager's and an empty launch's."""
+    if not len(launch) or "host_us" not in launch:
+        return D.lacking("host timings of tiny calls")
+    ok = launch[launch["error"].isna()] if "error" in launch else launch
+    ops = ok[ok["op"].isin(["add_mul", "softmax", "layer_norm"])]
+    pub = ops[ops["impl"] == "public"]["host_us"]
+    eager = ops[ops["impl"] == "torch_eager"]["host_us"]
+    empty = ok[ok["impl"] == "triton_noop"]["host_us"]
+    if not len(pub) or not len(eager):
+        return D.lacking("host timings of our ops and eager's at the same tiny sizes")
+    floor = (f", against {D.range_text(empty.min(), empty.max(), '.0f')} µs for an empty Triton "
+             "kernel's launch" if len(empty) else "")
+    return (f"**At small sizes the host decides, not the bytes.** Below a few tens of microseconds "
+            f"of GPU work a call costs what its host path costs: add-mul, softmax and LayerNorm on "
+            f"tiny inputs take {D.range_text(pub.min(), pub.max(), '.0f')} µs a call through our "
+            f"Python functions and {D.range_text(eager.min(), eager.max(), '.0f')} µs in eager "
+            f"PyTorch{floor} (@sec-across). There fusion pays only inside a CUDA graph or "
+            "torch.compile, which take the host out of the loop.")
+
+
+def fig_predicted(c: dict):
+    pvm = c["pvm"]
+    if not len(pvm):
+        return figures.no_data("No configuration with both Triton versions timed in these data.")
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, (family, g) in enumerate(pvm.groupby("family", sort=False)):
+        ax.scatter(g["predicted"], g["measured"], s=18, label=cases.FAMILY_LABEL[family], color=f"C{i}")
+    lo = min(pvm["predicted"].min(), pvm["measured"].min()) * 0.8
+    hi = max(pvm["predicted"].max(), pvm["measured"].max()) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls=":", label="model = measurement")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted speedup of fused over unfused (traffic model)")
+    ax.set_ylabel("measured speedup")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,171 @@
+"""Every chapter's cells, run in order in one namespace per chapter as Quarto's Jupyter engine
+runs them, against many results folders: the committed references, a CPU smoke run, GPU smoke
+runs (complete and stopped part way), and the reference with random subsets of its rows,
+configurations, implementations or whole families removed (fixed seeds). A cell may say that
+the data lack something; it may not fail. Quarto itself is not needed.
+
+Set BOOK_FIGURES_DIR to keep the figures as PNG files to look at."""
+import os
+import re
+import shutil
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from triton_fusion_report.analysis import book  # noqa: E402
+from triton_fusion_report.analysis.book import data as D  # noqa: E402
+from triton_fusion_report.analysis.schema import FAMILY_SHAPES  # noqa: E402
+
+from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = chapters(ROOT)
+SMOKE = ROOT / "tests" / "data"
+REFERENCE = D.REFERENCE
+
+
+def run_chapter(qmd: Path, results) -> dict:
+    """Run every cell of a chapter and every inline expression; return what they made."""
+    text = qmd.read_text()
+    ns: dict = {}
+    made = {"figures": 0, "tables": 0, "inline": []}
+    for cell in cells(text):
+        code = cell.code
+        if "parameters" in (cell.options.get("tags") or []):
+            code = f"results = {str(results)!r}"
+        plt.close("all")
+        out = run_cell(code, ns)
+        label = str(cell.options.get("label", ""))
+        if label.startswith("fig-"):
+            figs = [plt.figure(n) for n in plt.get_fignums()]
+            assert figs or hasattr(out, "savefig"), f"{qmd.name} {label}: no figure"
+            made["figures"] += 1
+            if os.environ.get("BOOK_FIGURES_DIR"):
+                target = Path(os.environ["BOOK_FIGURES_DIR"])
+                target.mkdir(exist_ok=True)
+                (out if hasattr(out, "savefig") else figs[-1]).savefig(target / f"{label}.png", dpi=70)
+        if label.startswith("tbl-"):
+            assert out is not None and "|" in str(out), f"{qmd.name} {label}: no table"
+            made["tables"] += 1
+    for expr in inline_expressions(text):
+        value = str(eval(expr, ns))
+        assert value.strip(), f"{qmd.name}: `{expr}` is empty"
+        assert not re.search(r"(?<![\w.])(nan|inf)(?![\w])", value, re.I), f"{qmd.name}: `{expr}` -> {value}"
+        made["inline"].append(value)
+    plt.close("all")
+    return made
+
+
+@pytest.fixture(autouse=True)
+def _no_cache(monkeypatch):
+    monkeypatch.setattr(book, "CACHE", False)
+
+
+def test_chapters_are_the_files():
+    on_disk = set((ROOT / "report").glob("*.qmd")) | {ROOT / "index.qmd"}
+    assert on_disk == set(CHAPTERS), "a .qmd is missing from _quarto.yml or vice versa"
+
+
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_on_the_references(qmd):
+    made = run_chapter(qmd, os.pathsep.join(str(p) for p in D.results_dirs(None)))
+    assert not any("These data hold no" in s for s in made["inline"]) or qmd.stem in ("data",), \
+        f"{qmd.name}: the reference lacks something a sentence needs: " + \
+        next(s for s in made["inline"] if "These data hold no" in s)
+
+
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_on_a_cpu_smoke_run(qmd):
+    run_chapter(qmd, SMOKE / "smoke")
+
+
+GPU_SMOKES = sorted(p for p in SMOKE.glob("smoke_*") if (p / "limits.parquet").exists())
+
+
+@pytest.mark.parametrize("folder", GPU_SMOKES, ids=lambda p: p.name)
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_on_a_gpu_smoke_run(qmd, folder):
+    run_chapter(qmd, folder)
+
+
+def _config_keys(family: str, df: pd.DataFrame) -> list[str]:
+    return [c for c in ["op", "dtype", "precision", "sweep", *FAMILY_SHAPES[family]] if c in df]
+
+
+def _without(tmp: Path, seed: int, how: str) -> Path:
+    """The H100 reference with rows removed at random (fixed seed)."""
+    rng = np.random.default_rng(seed)
+    for path in REFERENCE.iterdir():
+        shutil.copy(path, tmp / path.name)
+    families = list(FAMILY_SHAPES)
+    if how == "families":
+        for family in rng.choice(families, size=rng.integers(1, len(families)), replace=False):
+            (tmp / f"{family}.parquet").unlink()
+        for extra in ("profile.parquet", "profile_details.parquet", "launch_cost.csv",
+                      "host_overhead.csv", "model_check.csv", "seed002.parquet"):
+            if rng.random() < 0.5 and (tmp / extra).exists():
+                (tmp / extra).unlink()
+        return tmp
+    for family in families:
+        path = tmp / f"{family}.parquet"
+        df = pd.read_parquet(path)
+        if how == "rows":
+            keep = rng.random(len(df)) > rng.uniform(0.2, 0.8)
+        elif how == "configs":
+            keys = df[_config_keys(family, df)].astype(str).agg("|".join, axis=1)
+            gone = set(rng.choice(keys.unique(), size=len(keys.unique()) // 2, replace=False))
+            keep = ~keys.isin(gone)
+        elif how == "impls":
+            impls = df["impl"].unique()
+            keep = ~df["impl"].isin(rng.choice(impls, size=rng.integers(1, len(impls)), replace=False))
+        else:  # "failed": a random half of the rows failed (no timings)
+            hit = rng.random(len(df)) < 0.5
+            df.loc[hit, "status"] = "oom"
+            df.loc[hit, D.TIMING_COLUMNS + ["max_rel_err"]] = float("nan")
+            keep = np.ones(len(df), bool)
+        df[keep].reset_index(drop=True).to_parquet(path)
+    return tmp
+
+
+REMOVALS = [(how, seed) for how in ("families", "rows", "configs", "impls", "failed") for seed in (0, 1)]
+
+
+@pytest.mark.parametrize("how,seed", REMOVALS, ids=[f"{h}-{s}" for h, s in REMOVALS])
+def test_every_chapter_with_rows_removed(tmp_path, how, seed):
+    folder = _without(tmp_path, seed, how)
+    for qmd in CHAPTERS:
+        run_chapter(qmd, folder)
+
+
+BOOKKEEPING = [
+    (re.compile(r"\b20\d{6}T\d{6}Z"), "a run id"),
+    (re.compile(r"(?<![\w/])[0-9a-f]{7,40}(?![\w/])"), "a commit or hash"),
+    (re.compile(r"NOTES"), "a pointer to the notes"),
+    (re.compile(r"\b(target|goal)s?\b.*\b(met|missed)\b|\bnot met\b", re.I), "a verdict on a target"),
+]
+
+
+@pytest.mark.parametrize("qmd", [q for q in CHAPTERS if "report/" not in str(q)
+                                 or q.stem not in ("reproducibility", "data", "methods")],
+                         ids=lambda p: p.stem)
+def test_no_bookkeeping_in_the_chapters(qmd):
+    """Run ids, commits, the notes and verdicts on project targets belong to the appendix: not
+    in a chapter's prose, nor in what its cells print."""
+    text = prose(qmd.read_text())
+    printed = " ".join(run_chapter(qmd, None)["inline"])
+    for pattern, what in BOOKKEEPING:
+        for where, body in (("prose", text), ("computed text", printed)):
+            hit = pattern.search(body)
+            assert not hit, f"{qmd.name}: {what} in its {where}: {hit.group(0)!r}"
+
+
+def test_summary_comes_first():
+    assert CHAPTERS[0] == ROOT / "index.qmd"
+    text = CHAPTERS[0].read_text()
+    assert "tbl-headline" in text and "fig-predicted" in text

@@ -119,8 +119,8 @@ def load(results: Path, family: str, op: str | None = None) -> pd.DataFrame:
 def _rows_of(path: Path, family: str, op: str | None) -> pd.DataFrame:
     """The rows of `op` (all of them for None) in a family's file, with the columns added since
     it was written filled in (see `schema.with_added_columns`)."""
-    if not path.exists():
-        return pd.DataFrame(columns=["family", "op", "impl", "status", "sweep", "run_id"])
+    if not path.exists():  # the family was not measured: no rows, every column
+        return schema.family_schema(family).empty_table().to_pandas()
     df = schema.with_added_columns(pd.read_parquet(path), family)
     if op is not None:
         df = df[df["op"] == op].reset_index(drop=True)
@@ -185,12 +185,9 @@ def data_line(**frames: pd.DataFrame) -> "Markdown":
 
 
 def load_limits(results: Path) -> pd.DataFrame:
-    """The limits of every run in the folder, and of the reference's runs (which a chapter falls
-    back to, see `load`)."""
-    frames = [pd.read_parquet(Path(results) / "limits.parquet")]
-    if (REFERENCE / "limits.parquet").resolve() != (Path(results) / "limits.parquet").resolve():
-        frames.append(pd.read_parquet(REFERENCE / "limits.parquet"))
-    return pd.concat(frames).drop_duplicates(["run_id", "metric", "precision"])
+    """The limits measured by every run in the folder."""
+    return pd.read_parquet(Path(results) / "limits.parquet").drop_duplicates(
+        ["run_id", "metric", "precision"])
 
 
 def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee", run_id=None) -> float:

@@ -1,0 +1,498 @@
+"""Chapter "Across families": one roofline for every fused kernel, whom to call instead, the
+traffic model against the DRAM counters, what one call costs the host, and two GPUs side by
+side. Every results folder of the render (one per GPU) is read; the first is "this GPU"."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .. import profile as P  # pandas only: the profiler's worker imports torch when it runs
+from ..schema import FAMILY_SHAPES, PEAK_PRECISION
+from . import cases as C
+from . import data as D
+from . import figures
+
+# --- whom to call: the fused kernel against the fastest other implementation --------------------
+
+# cuBLAS's matmul alone computes less than the op: a reference point, not a rival.
+NOT_RIVALS = ("triton_fused", "cublas")
+COMPILE = ("torch_compile", "torch_compile_max")
+TIE = 1.05  # within 5% of the fastest holds its place: a few percent is trial spread
+# Every op of a family's file counts (backward and decoding too), so the family's name alone.
+PLACE_LABEL = {**C.FAMILY_LABEL, "layernorm": "LayerNorm", "attention": "attention",
+               "linear_act": "linear + act."}
+OP_WORD = {"softmax_bwd": "bwd", "layer_norm_fwd": "fwd", "layer_norm_bwd": "bwd",
+           "attention_fwd": "fwd", "attention_fwd_bwd": "fwd+bwd", "attention_decode": "decode",
+           "softmax": "fwd"}
+
+
+def case_label(row: pd.Series, family: str) -> str:
+    """A case as a reader names it: the op where the family has several, the dtype (TF32 where
+    a float32 product used it), the shape's sizes joined by ×, grouped heads and KV-cache keys
+    where they differ from the queries', causal."""
+    dims, words = [], []
+    for col in FAMILY_SHAPES[family]:
+        v = row.get(col)
+        if v is None or pd.isna(v) or col == "direction":
+            continue
+        if col in ("kv_heads", "seq_k"):  # said only where they differ from the queries'
+            same = row["heads"] if col == "kv_heads" else row["seq"]
+            words += [f"{int(v)} {'KV heads' if col == 'kv_heads' else 'keys'}"] if v != same else []
+        elif isinstance(v, (bool, np.bool_)):
+            words += ["causal"] if v else []
+        elif isinstance(v, str):
+            words.append(f"z {v}" if col == "z_kind" else v)
+        else:
+            dims.append(str(int(v)))
+    prec = row.get("precision")
+    dtype = prec if prec == "tf32" else D.SHORT_DTYPE.get(row["dtype"], row["dtype"])
+    return " ".join(filter(None, [OP_WORD.get(row["op"], ""), dtype, "×".join(dims),
+                                  ", ".join(words)]))
+
+
+def gpu_names(folders: list) -> dict:
+    """folder -> its GPU's short name (with the folder's name where two share a GPU)."""
+    names = {f: D.gpu_label(D.gpu_of(f)) for f in folders}
+    return {f: n if list(names.values()).count(n) == 1 else f"{n} ({Path(f).name})"
+            for f, n in names.items()}
+
+
+def place_cases(folders: list) -> pd.DataFrame:
+    """Every size-sweep case of every family in every folder (the folder's own rows): the fused
+    kernel's device time over the fastest other implementation's, and who that is."""
+    rows = []
+    for folder, gpu in gpu_names(folders).items():
+        for family in [f for f in PLACE_LABEL if (Path(folder) / f"{f}.parquet").exists()]:
+            df = D._rows_of(Path(folder) / f"{family}.parquet", family, None)
+            df = df[(df["status"] == "ok") & (df["sweep"] == "size")]
+            if not len(df) or D.on_cpu(df):
+                continue
+            df = df.assign(_t=C.device_time(df)).dropna(subset=["_t"])
+            keys = ["op", "dtype", "precision"] + list(FAMILY_SHAPES[family])
+            for _, case in df.groupby(keys, dropna=False, sort=False):
+                fused = case[case["impl"] == "triton_fused"]["_t"]
+                others = case[~case["impl"].isin(NOT_RIVALS)]
+                if not len(fused) or not len(others):
+                    continue
+                best = others.loc[others["_t"].idxmin()]
+                compiled = case[case["impl"].isin(COMPILE)]["_t"]
+                rows.append(dict(gpu=gpu, family=family, case=case_label(best, family),
+                                 ratio=fused.min() / best["_t"], best=best["impl"],
+                                 compiled=compiled.min() / fused.min() if len(compiled)
+                                 else np.nan))
+    return pd.DataFrame(rows, columns=["gpu", "family", "case", "ratio", "best", "compiled"])
+
+
+def place_table(cases: pd.DataFrame) -> pd.DataFrame:
+    """Per family (and GPU where there are several): cases held, the median ratio, and the case
+    where the fused kernel is farthest behind, by how much and who is ahead there."""
+    out = []
+    for family, gpu in [(f, g) for f in PLACE_LABEL for g in cases["gpu"].unique()]:
+        g = cases[(cases["family"] == family) & (cases["gpu"] == gpu)]
+        if not len(g):
+            continue
+        worst = g.loc[g["ratio"].idxmax()]
+        row = {"family": PLACE_LABEL[family], "GPU": gpu,
+               "held": f"{int((g['ratio'] <= TIE).sum())} of {len(g)}",
+               "median": g["ratio"].median()}
+        behind = worst["ratio"] > TIE
+        out.append({**row, "farthest behind": worst["case"] if behind else "none",
+                    "ratio": worst["ratio"] if behind else np.nan,
+                    "faster there": D.SHORT_LABEL.get(worst["best"], worst["best"]) if behind
+                    else "—"})
+    table = pd.DataFrame(out)
+    return table.drop(columns="GPU") if cases["gpu"].nunique() == 1 else table
+
+
+def place_say(cases: pd.DataFrame) -> dict:
+    if not len(cases):
+        return {"place": D.lacking("case with the fused kernel and another one timed on a GPU"),
+                "whom": D.lacking("case where the fused kernel and another were both timed"),
+                "compiler": D.lacking("torch.compile rows beside the fused kernel")}
+    parts = []
+    for gpu, g in cases.groupby("gpu", sort=False):
+        held = int((g["ratio"] <= TIE).sum())
+        parts.append(f"{held} of {len(g)} cases on the {gpu} ({100 * held / len(g):.0f}%)")
+    first = cases[cases["gpu"] == cases["gpu"].iloc[0]]
+    lost = first[first["ratio"] > TIE]
+    counts = [f"{D.IMPL_LABEL.get(k, k)} in {n}" for k, n in lost["best"].value_counts().items()]
+    ahead = (f"Of the {len(lost)} cases where it is behind on the {first['gpu'].iloc[0]}, "
+             + counts[0].replace(" in ", " is ahead in ", 1) + "".join(", " + x for x in counts[1:])
+             + "." if len(lost) else
+             f"On the {first['gpu'].iloc[0]} it is never more than {TIE - 1:.0%} behind.")
+    # Whom to call, per family: the implementation fastest in the most cases (ours where it is
+    # within TIE of the fastest other).
+    parts_whom = []
+    for family, g in first.groupby("family", sort=False):
+        winners = g["best"].where(g["ratio"] > TIE, "triton_fused").value_counts()
+        name = {k: "ours" if k == "triton_fused" else D.IMPL_LABEL.get(k, k) for k in winners.index}
+        text = f"{PLACE_LABEL[family]}: {name[winners.index[0]]} in {winners.iloc[0]} of {len(g)}"
+        if len(winners) > 1:
+            text += f" (next {name[winners.index[1]]}, {winners.iloc[1]})"
+        parts_whom.append(text)
+    whom = ("Counting the cases each implementation is fastest in (ours where it is within "
+            f"{TIE - 1:.0%} of the fastest other), on the {first['gpu'].iloc[0]}: "
+            + "; ".join(parts_whom) + ".")
+    # Where a compiler already gets there: torch.compile (either mode) within TIE of ours.
+    comp = first.dropna(subset=["compiled"])
+    shares = [f"{PLACE_LABEL[f]} {100 * (g['compiled'] <= TIE).mean():.0f}%"
+              for f, g in comp.groupby("family", sort=False)]
+    compiler = (f"On the {first['gpu'].iloc[0]}, torch.compile (either mode) is within "
+                f"{TIE - 1:.0%} of the fused kernel or ahead of it in: "
+                + ", ".join(shares).replace("%", "% of the cases", 1) + "."
+                if shares else D.lacking("torch.compile rows beside the fused kernel"))
+    return {"compiler": compiler,
+            "place": ("Against the fastest other implementation of each case (device time), "
+                      f"the fused kernel is fastest or within {TIE - 1:.0%} in "
+                      + "; ".join(parts) + ". " + ahead),
+            "whom": whom}
+
+
+# --- the roofline -------------------------------------------------------------------------------
+
+def family_frames(folder: Path) -> dict:
+    """Each family's rows that the folder holds (an absent family's empty frame lacks the
+    columns the shared helpers read, so it is left out)."""
+    return {k: df for k in C.FAMILY_LABEL if len(df := D.load(folder, k))}
+
+
+def roofline(folder: Path) -> tuple[pd.DataFrame, dict]:
+    """Every fused point with the roof above it (copy bandwidth × intensity, capped by its
+    precision's matmul peak) and the ceilings to draw (the highest of the folder's runs)."""
+    frames = family_frames(folder)
+    limits = D.load_limits(folder)
+    pts = C.roofline_points(frames, limits)
+    runs = sorted({r for df in frames.values() for r in D.runs_of(df)})
+    # The highest limits of the folder's runs: the lines drawn, and what each point is held to
+    # (a run's own peak can read lower, and a point then above 100% of it).
+    ceilings = {prec: D.limit(limits, "matmul_peak", prec, run_id=runs or None)
+                for prec in ("fp16", "bf16", "tf32", "ieee")}
+    ceilings["copy"] = D.limit(limits, "copy_bw", run_id=runs or None)
+    if len(pts):
+        bw = ceilings["copy"] if ceilings["copy"] == ceilings["copy"] else pts["copy_gbps"].max()
+        peak = pts["precision"].map(lambda p: ceilings.get(PEAK_PRECISION.get(p, p), np.nan))
+        memory = bw * pts["intensity"] / 1000
+        roof = np.minimum(memory, peak.fillna(np.inf))
+        pts = pts.assign(roof=roof, of_roof=pts["tflops"] / roof,
+                         bound=np.where(memory < peak.fillna(np.inf), "memory", "matmul peak"))
+    return pts, ceilings
+
+
+def roofline_say(pts: pd.DataFrame) -> str:
+    if not len(pts):
+        return D.lacking("timed fused kernels")
+    best = pts.loc[pts.groupby("family", sort=False)["of_roof"].idxmax()]
+    parts = []
+    for bound, head, tail in (("memory", "under the bandwidth roof",
+                               "of the measured copy bandwidth times their intensity"),
+                              ("matmul peak", "under the matmul peak", "of their precision's peak")):
+        sel = best[best["bound"] == bound]
+        if len(sel):
+            parts.append(f"{head}, " + ", ".join(f"{r.family} {D.num(100 * r.of_roof, 2)}%"
+                                                 for r in sel.itertuples()) + f" {tail}")
+    return "At its best point, each family's fused kernel reaches: " + "; ".join(parts) + "."
+
+
+def sm_say(folder: Path) -> str:
+    """Why a compute-bound fused kernel stops short where it is the slower: its longest
+    kernel's SM throughput (the busiest unit against its peak) beside the fastest other
+    implementation's, on the profiled cases."""
+    path = Path(folder) / "profile_details.parquet"
+    if not path.exists():
+        return D.lacking("Nsight Compute details of the matmul families")
+    counters = P.target_counters(pd.read_parquet(path))
+    parts, ahead = [], []
+    for family, g in counters.groupby("family", sort=False):
+        ours, other = g[g["impl"] == "triton_fused"], g[g["impl"] != "triton_fused"]
+        if not len(ours) or not len(other) or pd.isna(ours["sm_pct"].iloc[0]):
+            continue
+        o, t = ours.iloc[0], other.iloc[0]
+        if o["us"] <= t["us"]:
+            ahead.append(C.FAMILY_LABEL.get(family, family))
+            continue
+        parts.append(f"{C.FAMILY_LABEL.get(family, family)}, {o['sm_pct']:.0f}% against "
+                     f"{t['sm_pct']:.0f}% for {D.IMPL_LABEL.get(t['impl'], t['impl'])} (ours "
+                     f"takes {o['us'] / t['us']:.2f}× its time)")
+    if not parts and not ahead:
+        return D.lacking("profiled fused kernel beside another implementation")
+    return " ".join(filter(None, [
+        "Where a profiled fused kernel is the slower, Nsight Compute shows how busy the SM's "
+        "busiest unit (tensor cores or instruction issue) is in its longest kernel against the "
+        "fastest other implementation's: " + "; ".join(parts) + "." if parts else "",
+        f"On the profiled case{'s' * (len(ahead) > 1)} of {' and '.join(ahead)}, ours is the "
+        "faster." if ahead else ""]))
+
+
+# --- the traffic model against the DRAM counters ------------------------------------------------
+
+OP_LABEL = {"add_mul": "add-mul", "softmax": "softmax fwd", "softmax_bwd": "softmax bwd",
+            "layer_norm_fwd": "LayerNorm fwd", "softmax_matmul": "softmax(X) @ V",
+            "attention_fwd": "attention fwd", "matmul_softmax": "matmul + softmax",
+            "linear_gelu": "linear + GELU"}
+AGREE = 0.10  # counters within 10% of the model's ratio: the model holds
+
+
+def counter_table(folders: list) -> pd.DataFrame:
+    """Per op: unfused/fused bytes in the model, on each GPU's counters, and each version's
+    counted bytes over its model on the first GPU that has a profile."""
+    out, first = None, None
+    for folder, gpu in gpu_names(folders).items():
+        path = Path(folder) / "profile.parquet"
+        if not path.exists():
+            continue
+        rows = pd.read_parquet(path)
+        r = P.fusion_ratios(rows)
+        if not len(r):
+            continue
+        r = r.set_index("op")
+        if out is None:
+            out = pd.DataFrame({"model": r["model_ratio"]})
+            s = P.summary(rows)
+            s = s[s["impl"] == "triton_unfused"].set_index("op")["measured_over_model"]
+            first = pd.DataFrame({"fused/model": r["fused_measured_over_model"],
+                                  "unfused/model": s.reindex(r.index)})
+        out[gpu] = r["measured_ratio"].reindex(out.index)
+    if out is None:
+        return pd.DataFrame()
+    out = out.join(first)
+    out.index = [OP_LABEL.get(op, op) for op in out.index]
+    return out.rename_axis("op").reset_index()
+
+
+def counter_say(table: pd.DataFrame) -> str:
+    if not len(table):
+        return D.lacking("DRAM counter profile")
+    gpu = table.columns[2]
+    off = (table[gpu] / table["model"] - 1).abs() > AGREE
+    why = []
+    for op, model, counted, fused, unfused in table[off][["op", "model", gpu, "fused/model",
+                                                          "unfused/model"]].itertuples(index=False):
+        # The version further from its own model is the one the ratio follows.
+        side, over = (("the fused kernel", fused) if abs(fused - 1) > abs(unfused - 1)
+                      else ("the unfused version", unfused))
+        why.append(f"{op} ({model:.2f} modelled, {counted:.2f} counted: {side} moves "
+                   f"{over:.2f}× its model)")
+    return (f"On the {gpu} the counters' ratio is within {AGREE:.0%} of the model's for "
+            f"{int((~off).sum())} of {len(table)} ops"
+            + ("; it is off for " + "; ".join(why) if why else "") + ".")
+
+
+# --- what one call costs on the host ------------------------------------------------------------
+
+LAUNCH_BARS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
+               "triton_unfused": "Triton unfused", "public": "ours (kernels.*)"}
+LAUNCH_OPS = {"add_mul": "add-mul", "softmax": "softmax", "layer_norm": "LayerNorm",
+              "softmax_matmul": "softmax(X) @ V", "attention": "attention",
+              "matmul_softmax": "matmul + softmax", "linear_act": "linear + GELU"}
+
+
+def launch(folder: Path) -> dict:
+    """Host µs per call of each forward op at a tiny size (one case per op), the GPU µs of our
+    public function's kernels, and the empty-launch floor."""
+    lc = D.load_csv(folder, "launch_cost")
+    if not len(lc):
+        return {}
+    ok = lc[lc["error"].isna() | (lc["error"].astype(str) == "")]  # a failed call: no time
+    raw = ok[ok["op"] == "raw launch"].set_index("shape")["host_us"]
+    ops = ok[ok["op"].isin(LAUNCH_OPS) & ~ok["shape"].astype(str).str.contains("(", regex=False)]
+    host = ops.pivot_table(index="op", columns="impl", values="host_us", sort=False)
+    gpu = ops[ops["impl"] == "public"].set_index("op")["gpu_us"]
+    spread = (ok["host_us_max"] / ok["host_us_min"]).max() if "host_us_max" in ok else np.nan
+    sizes = "; ".join(f"{LAUNCH_OPS[op]} {str(shape).split()[0].replace('x', ' × ')}" for op, shape
+                      in ops.drop_duplicates("op")[["op", "shape"]].itertuples(index=False))
+    return dict(host=host, gpu_us=gpu, floor_1=raw.get("1 arg", np.nan),
+                floor_10=raw.get("10 args", np.nan), spread=spread, sizes=sizes)
+
+
+def launch_say(lc: dict) -> str:
+    if not lc or "public" not in lc["host"]:
+        return D.lacking("host cost per call of our public ops")
+    host, floor = lc["host"], lc["floor_10"]
+    ours = host["public"].dropna()
+    span = lambda v, fmt=".0f": D.range_text(v.min(), v.max(), fmt)  # noqa: E731
+    parts = [f"Our public ops cost {span(ours)} µs a call"]
+    if floor == floor:
+        parts = [f"An empty Triton kernel costs {lc['floor_1']:.1f} µs of host time per launch "
+                 f"with one argument and {floor:.1f} µs with ten. {parts[0]}, "
+                 f"{span(ours / floor, '.1f')}× the ten-argument launch"]
+    gpu = lc["gpu_us"].dropna()
+    parts[-1] += (f", while their kernels take {span(gpu, '.1f')} µs of GPU time: at these sizes "
+                  "the host sets the cost." if len(gpu) else ".")
+    if "torch_eager" in host:
+        faster = [LAUNCH_OPS[op] for op in ours.index if host.loc[op, "torch_eager"] < ours[op]]
+        parts.append(f"PyTorch eager is cheaper per call for {len(faster)} of {len(ours)} ops"
+                     + (f" ({', '.join(faster)})" if faster else "")
+                     + ": its path from the call to the launch is C++, ours runs Python checks "
+                       "and planning before Triton's launcher.")
+    if "torch_compile" in host:
+        parts.append(f"A torch.compile'd function costs {span(host['torch_compile'].dropna())} "
+                     "µs a call (Dynamo's guards and Inductor's Python wrapper)"
+                     + (", and the unfused Triton versions pay one launch per kernel "
+                        f"({span(host['triton_unfused'].dropna())} µs)"
+                        if "triton_unfused" in host else "") + ".")
+    if lc["spread"] == lc["spread"]:
+        parts.append(f"Host times are noisy: a row's slowest trial was up to {lc['spread']:.2f}× "
+                     "its fastest, so a few µs between two bars are not a finding.")
+    return " ".join(parts)
+
+
+def fig_launch(c: dict):
+    lc = c["launch"]
+    if not lc or "public" not in lc["host"]:
+        return figures.no_data("No host cost per call of our public ops in these data.")
+    host = lc["host"].loc[[op for op in LAUNCH_OPS if op in lc["host"].index]]
+    bars = [b for b in LAUNCH_BARS if b in host]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    y = np.arange(len(host))
+    h = 0.8 / len(bars)
+    offset = lambda impl: (bars.index(impl) - (len(bars) - 1) / 2) * h  # noqa: E731
+    for impl in bars:  # ours in the fused kernel's colour
+        color = figures.STYLE["triton_fused" if impl == "public" else impl]["color"]
+        ax.barh(y + offset(impl), host[impl], height=h, color=color, label=LAUNCH_BARS[impl])
+    ax.scatter(lc["gpu_us"].reindex(host.index), y + offset("public"), marker="|", s=60, color="black", zorder=3,
+               label="ours: GPU time")
+    if lc["floor_10"] == lc["floor_10"]:
+        ax.axvline(lc["floor_10"], color="black", ls=":", lw=1, label="empty launch, 10 args")
+    ax.set_yticks(y, [LAUNCH_OPS[op] for op in host.index])
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per call (host, back-to-back calls)")
+    ax.grid(True, axis="x", alpha=0.3)
+    figures.legend_below(fig, [ax], ncol=3)
+    return fig
+
+
+# --- two GPUs -----------------------------------------------------------------------------------
+
+# Bound by bandwidth at every size (a few FLOPs per byte): where a GPU's bandwidth shows directly.
+MEMORY_BOUND = ("elementwise", "softmax", "layernorm")
+
+
+def gpu_table(folders: list) -> tuple[pd.DataFrame, dict]:
+    """Per memory-bound family at its headline size, on each GPU: the fused kernel's device time
+    and its speedup over the unfused Triton version; and each GPU's copy bandwidth."""
+    rows, bw = [], {}
+    for folder, gpu in gpu_names(folders).items():
+        own = pd.read_parquet(Path(folder) / "limits.parquet")
+        bw[gpu] = D.limit(own, "copy_bw", run_id=list(own["run_id"].unique()) or None)
+        for family in MEMORY_BOUND:
+            df = D.load(folder, family)
+            case = C.headline(family, df) if len(df) else None
+            t = C.times_of(df, case.where) if case else {}
+            if "triton_fused" in t and "triton_unfused" in t:
+                rows.append(dict(family=C.FAMILY_LABEL[family], case=case.label, gpu=gpu,
+                                 us=1000 * t["triton_fused"],
+                                 gain=t["triton_unfused"] / t["triton_fused"]))
+    return pd.DataFrame(rows, columns=["family", "case", "gpu", "us", "gain"]), bw
+
+
+def gpu_display(t: pd.DataFrame) -> pd.DataFrame:
+    wide = t.pivot_table(index=["family", "case"], columns="gpu", values=["us", "gain"],
+                         sort=False).dropna()
+    wide.columns = [f"{'fused µs' if v == 'us' else '× unfused'} {gpu}" for v, gpu in wide.columns]
+    return wide.reset_index()
+
+
+def gpu_say(t: pd.DataFrame, bw: dict) -> str:
+    gpus = [g for g in sorted(bw, key=bw.get) if bw[g] == bw[g]]
+    if len(gpus) < 2:
+        return "This render shows one GPU; rendered with the results of two, it compares them."
+    low, high = gpus[0], gpus[-1]
+    head = (f"The {high} copies at {D.tbps(bw[high])}, {bw[high] / bw[low]:.2f}× the {low}'s "
+            f"{D.tbps(bw[low])}.")
+    both = t[t["gpu"].isin([low, high])].pivot_table(index="family", columns="gpu",
+                                                     values=["us", "gain"]).dropna()
+    if ("us", low) not in both or ("us", high) not in both or not len(both):
+        return head + " " + D.lacking("memory-bound family timed on both GPUs")
+    faster = both[("us", low)] / both[("us", high)]
+    gain = both[("gain", high)] / both[("gain", low)]
+    return (f"{head} The memory-bound fused kernels run "
+            f"{D.range_text(faster.min(), faster.max(), '.2f')}× faster on it, and their gain "
+            f"over the unfused version there is {D.range_text(gain.min(), gain.max(), '.2f')}× "
+            f"what it is on the {low}: "
+            + ("both versions are bound by the same bandwidth, so fusion removes the same share "
+               "of the time on either GPU, and the time it saves shrinks with the bandwidth."
+               if gain.between(0.9, 1.1).all() else
+               "the model expects the same gain on both (both versions bound by the same "
+               "bandwidth), so where it moves, one version falls short of the bandwidth on one "
+               "GPU."))
+
+
+# --- accuracy -----------------------------------------------------------------------------------
+
+def sci(v: float) -> str:
+    """A small number as a reader writes it: 4 × 10^-6^ (markdown superscript)."""
+    mantissa, exponent = f"{v:.0e}".split("e")
+    return f"{mantissa} × 10^{int(exponent)}^"
+
+
+def accuracy_say(folder: Path) -> str:
+    frames = family_frames(folder)
+    acc = C.accuracy_table(frames)
+    if not len(acc) or "fused" not in acc:
+        return D.lacking("fused rows checked against float64")
+    fused = acc["fused"].dropna()  # the worst over each group of precisions
+    groups = {"float32": ["ieee"], "TF32": ["tf32"], "half precision": ["float16", "bfloat16"]}
+    worst = [f"{sci(fused[fused.index.get_level_values('precision').isin(p)].max())} in {name}"
+             for name, p in groups.items()
+             if fused.index.get_level_values("precision").isin(p).any()]
+    wrong = sum(int((df["status"] == "wrong_result").sum()) for df in frames.values())
+    closer = ""
+    if "unfused" in acc:
+        pairs = acc[["fused", "unfused"]].dropna().map(lambda v: float(f"{v:.1e}"))
+        closer = (f"; it is as close as the unfused version or closer in "
+                  f"{int((pairs['fused'] <= pairs['unfused']).sum())} of {len(pairs)} family "
+                  "and precision pairs")
+    return (f"Against the float64 reference, the fused kernels' worst error (largest |out − ref| "
+            f"over the largest |ref|) is {', '.join(worst)}{closer}; "
+            + ("no row of any implementation exceeded its dtype's tolerance"
+               if not wrong else f"{wrong} rows exceeded their dtype's tolerance")
+            + " (@sec-data has the table).")
+
+
+# --- the chapter --------------------------------------------------------------------------------
+
+def compute(folders: list) -> dict:
+    folder = folders[0]
+    pts, ceilings = roofline(folder)
+    cases = place_cases(folders)
+    counters = counter_table(folders)
+    lc = launch(folder)
+    gpus, bw = gpu_table(folders)
+    say = {"roofline": roofline_say(pts), "sm": sm_say(folder), "counters": counter_say(counters),
+           "launch": launch_say(lc), "gpus": gpu_say(gpus, bw), "accuracy": accuracy_say(folder),
+           "launch_sizes": f"at a tiny size ({lc['sizes']})" if lc else "at a tiny size",
+           **place_say(cases)}
+    return dict(points=pts, ceilings=ceilings, counters=counters, launch=lc, say=say,
+                place=place_table(cases) if len(cases) else pd.DataFrame(),
+                gpus=gpu_display(gpus) if gpus["gpu"].nunique() > 1 else pd.DataFrame())
+
+
+MARKERS = "os^vDPXh*"
+
+
+def fig_roofline(c: dict):
+    pts, ceil = c["points"], c["ceilings"]
+    if not len(pts):
+        return figures.no_data("No timed fused kernels in these data.")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (family, g) in enumerate(pts.groupby("family", sort=False)):
+        half = g["precision"].isin(("float16", "bfloat16"))
+        for sel, fill in ((half, f"C{i}"), (~half, "white")):
+            ax.scatter(g[sel]["intensity"], g[sel]["tflops"], s=18, marker=MARKERS[i % 9],
+                       facecolors=fill, edgecolors=f"C{i}", lw=0.8,
+                       label=family if fill != "white" or not half.any() else None)
+    x = np.logspace(np.log10(pts["intensity"].min() / 2), np.log10(pts["intensity"].max() * 2))
+    bw = ceil["copy"] if ceil["copy"] == ceil["copy"] else pts["copy_gbps"].max()
+    for prec, ls, name in (("fp16", "-", "fp16"), ("tf32", "--", "TF32"), ("ieee", "-.", "fp32")):
+        if ceil[prec] == ceil[prec]:
+            ax.plot(x, np.minimum(x * bw / 1000, ceil[prec]), color="black", lw=1, ls=ls,
+                    label=f"roof: copy bandwidth, {name} matmul peak")
+    ax.set(xscale="log", yscale="log")
+    ax.set_xlabel("FLOP per byte of the fused op's model")
+    ax.set_ylabel("attained TFLOP/s (device time)")
+    ax.grid(True, which="major", alpha=0.3)
+    figures.legend_below(fig, [ax], ncol=3)
+    return fig

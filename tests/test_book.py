@@ -38,7 +38,7 @@ def run_chapter(qmd: Path, results) -> dict:
     for cell in cells(text):
         code = cell.code
         if "parameters" in (cell.options.get("tags") or []):
-            code = f"results = {str(results)!r}"
+            code = f"results = {None if results is None else str(results)!r}"
         plt.close("all")
         out = run_cell(code, ns)
         label = str(cell.options.get("label", ""))

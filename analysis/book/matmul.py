@@ -330,23 +330,23 @@ def _linear_sentence(head, bw: float) -> str:
     (m, k, n), at = head
     tf = at.groupby("impl")["tflops"].max()
     (name, other), fused, peak = _fastest_other(t), t["triton_fused"], at["peak"].iloc[0]
+    share = (f", {100 * tf['triton_fused'] / peak:.0f}% of the matmul peak its run measured "
+             f"({D.num(peak)})" if peak == peak else "")
     text = (f"At {shape_text(m, k, n)} in float16 the fused kernel reaches "
-            f"{tf['triton_fused']:.0f} TFLOP/s" + (f", {100 * tf['triton_fused'] / peak:.0f}% of "
-                                                  f"the matmul peak its run measured ({peak:.0f})"
-                                                  if peak == peak else "") + ".")
+            f"{D.num(tf['triton_fused'])} TFLOP/s{share}.")
     if "triton_unfused" in t and bw == bw:
-        rt = 2 * m * n * 2 / bw / 1e6
-        text += (f" Fusing the GELU saves its round trip, {2 * m * n * 2 / 1e6:,.0f} MB or "
-                 f"{rt * 1000:.0f} µs at the copy bandwidth, {100 * rt / fused:.0f}% of the "
-                 f"fused kernel's {fused:.2f} ms; measured, the fused kernel is "
-                 f"{100 * (t['triton_unfused'] / fused - 1):.1f}% faster than our unfused pair "
+        rt, gain = 2 * m * n * 2 / bw / 1e6, 100 * (t["triton_unfused"] / fused - 1)
+        text += (f" Fusing the GELU saves its round trip, {D.num(2 * m * n * 2 / 1e6)} MB or "
+                 f"{D.num(rt * 1000)} µs at the copy bandwidth, {100 * rt / fused:.0f}% of the "
+                 f"fused kernel's {D.num(fused)} ms; measured, the fused kernel is "
+                 f"{abs(gain):.1f}% {'faster' if gain >= 0 else 'slower'} than our unfused pair "
                  "with the same matmul.")
     text += (f" The fused kernel is {_versus(fused, name, other)}, the fastest other complete "
-             f"version ({tf[name]:.0f} TFLOP/s)")
+             f"version ({D.num(tf[name])} TFLOP/s)")
     if "cublaslt" in tf and name != "cublaslt":
-        text += f"; cuBLASLt with the GELU in its own epilogue reaches {tf['cublaslt']:.0f}"
+        text += f"; cuBLASLt with the GELU in its own epilogue reaches {D.num(tf['cublaslt'])}"
     return text + (f"; cuBLAS's matmul alone, which computes neither bias nor GELU, "
-                   f"{tf['cublas']:.0f}." if "cublas" in tf else ".")
+                   f"{D.num(tf['cublas'])}." if "cublas" in tf else ".")
 
 
 def _linear_all(linear: pd.DataFrame) -> str:

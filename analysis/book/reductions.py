@@ -1,7 +1,6 @@
-"""Chapter "Reductions": row softmax and LayerNorm, forward and backward. The element moves of each
-version (traffic model), the bandwidth every implementation reaches against the row width (device
-time), the fused softmax's paths past the register limit, and what fusion buys where PyTorch's own
-ops are single kernels already."""
+"""Chapter "Reductions": row softmax and LayerNorm, forward and backward. Each version's element
+moves (traffic model), every implementation's bandwidth against the row width (device time), the
+fused softmax's paths past the register limit, and what fusion buys over single-kernel peers."""
 from __future__ import annotations
 
 import json
@@ -76,8 +75,9 @@ def _sweep(df: pd.DataFrame, dtype: str) -> pd.DataFrame:
 
 
 def _fused(rows: pd.DataFrame, variant: str) -> pd.DataFrame:  # the fused kernel on one path
-    return rows[(rows["impl"] == "triton_fused") & (rows["variant"] == variant)] if len(rows) \
-        else rows
+    if not len(rows):
+        return rows
+    return rows[(rows["impl"] == "triton_fused") & (rows["variant"] == variant)]
 
 
 def standing(rows: pd.DataFrame) -> pd.DataFrame:
@@ -115,10 +115,13 @@ def _ratio_range(r: pd.Series) -> str:  # "a to b×"
     return D.range_text(r.min(), r.max(), ".2f") + "×"
 
 
-def _faster(st: pd.DataFrame, column: str) -> str:
-    """How many times faster the fused kernel is than `column` ("a to b×"), "" if never timed."""
-    st = st.dropna(subset=[column]) if len(st) else st
-    return _ratio_range(st[column] / st["fused"]) if len(st) else ""
+def _faster(st: pd.DataFrame, column: str, name: str = "") -> str:
+    """The fused kernel's speed over `column`'s ("a to b×"; with `name`, "a to b× faster than
+    name" or "a to b× the speed of name"), "" if never timed."""
+    r = (st[column] / st["fused"]).dropna() if len(st) else st
+    if not len(r) or not name:
+        return _ratio_range(r) if len(r) else ""
+    return _ratio_range(r) + (f" faster than {name}" if r.min() > 1 else f" the speed of {name}")
 
 
 def _standing_text(st: pd.DataFrame, what: str) -> str:
@@ -166,8 +169,7 @@ def _counters(profile: pd.DataFrame, op: str) -> str:
 
 def compute(folders: list) -> dict:
     folder = folders[0]
-    sm = D.load(folder, "softmax")
-    smb = D.load(folder, "softmax", op="softmax_bwd")
+    sm, smb = D.load(folder, "softmax"), D.load(folder, "softmax", op="softmax_bwd")
     ln = D.load(folder, "layernorm", op=None)
     limits = D.load_limits(folder)
     copy = {name: D.limit(limits, "copy_bw", run_id=D.runs_of(df))
@@ -215,15 +217,18 @@ def _softmax_onepass(st, widest, copy_bw: float, fwd: pd.DataFrame) -> dict:
     best = fused.loc[fused["tbps"].idxmax()]
     text = (f"While the row fits in registers (up to {widest} float32 elements, "
             f"{widest * 4 // 1024} KiB), the fused kernel reads it once and writes it once and "
-            f"peaks at {best['tbps']:.2f} TB/s (width {int(best['width'])}), "
+            f"peaks at {D.num(best['tbps'])} TB/s (width {int(best['width'])}), "
             f"{best['tbps'] * 1000 / copy_bw:.0%} of the copy bandwidth.")
-    unfused = _faster(rows[rows["width"] > rows["width"].min()], "unfused")
-    if unfused:
-        text += (f" Above width {rows['width'].min()} it is {unfused} faster than the three "
-                 f"unfused Triton kernels (the model's ceiling: {CEILING['sm']:.0f}×).")
+    above = rows[rows["width"] > rows["width"].min()].dropna(subset=["unfused"])
+    if len(above):  # above the ceiling: the unfused kernels' extra launches cost time too
+        over = (above["unfused"] / above["fused"]).max() > 1.01 * CEILING["sm"]
+        text += (f" Above width {rows['width'].min()} it is "
+                 f"{_faster(above, 'unfused', 'the three unfused Triton kernels')} (the model's "
+                 f"ceiling: {CEILING['sm']:.0f}×" + ("; past it where their two extra launches "
+                                                     "add their fixed cost)." if over else ")."))
     if _faster(rows, "eager"):
-        text += (f" PyTorch eager's softmax is one kernel too, but slower: the fused kernel is "
-                 f"{_faster(rows, 'eager')} faster over these widths.")
+        text += (f" PyTorch eager's softmax is one kernel too; the fused kernel is "
+                 f"{_faster(rows, 'eager', 'it')} over these widths.")
     return {"onepass": text + " " + _standing_text(rows, "the one-pass kernel")}
 
 
@@ -274,9 +279,10 @@ def _paths_sentence(paths: pd.DataFrame, sm: pd.DataFrame) -> str:
     if len(on) and len(co) and len(sms) and on.max() < co.min():
         a, b = int(on.max()), int(co.min())
         mb = {w: int(sms.iloc[0]) * w * 4 / 1e6 for w in (a, b)}  # rows in flight, float32
-        text += (f"The online path's second read comes from L2 while the rows in flight, one per "
-                 f"SM, fit there: {mb[a]:.0f} MB at width {a}, {mb[b]:.0f} MB at {b}, where it "
-                 f"falls from {both.loc[a, 'online']:.2f} to {both.loc[b, 'online']:.2f} TB/s. ")
+        text += (f"The online path's second read is served by L2 only while the rows in flight, "
+                 f"one per SM, fit in it: they take {mb[a]:.0f} MB at width {a} and {mb[b]:.0f} MB "
+                 f"at {b}, and its rate falls from {both.loc[a, 'online']:.2f} to "
+                 f"{both.loc[b, 'online']:.2f} TB/s between the two. ")
     right = int((picked[both.index] == faster).sum())
     rule = (f" (online up to {int(picked[picked == 'online'].index.max())} float32 elements, "
             "co-operative past it)" if (picked == "online").any() else "")
@@ -297,12 +303,11 @@ def _softmax_backward(st: pd.DataFrame, bwd: pd.DataFrame, profile: pd.DataFrame
                 "bwd_wide": long_rows}
     limit = int(one_tile["width"].max())
     inside, past = st[st["width"] <= limit], st[st["width"] > limit]
-    unfused, eager = _faster(inside, "unfused"), _faster(inside, "eager")
-    text = (f"Up to {limit} elements a row the fused backward holds the row in one tile"
-            + (f", and is {unfused} faster than the unfused pair (the model's ceiling: "
-               f"{CEILING['smb']:.2f}×)" if unfused else "")
-            + (f"{' and' if unfused else ', and is'} {eager} faster than PyTorch eager"
-               if eager else "") + ".")
+    unfused = _faster(inside, "unfused", "the unfused pair")
+    eager = _faster(inside, "eager", "PyTorch eager")
+    text = (f"Up to {limit} elements a row the fused backward holds the row in one tile" + (
+        f", and is {unfused} (the model's ceiling: {CEILING['smb']:.2f}×)" if unfused else "")
+            + (f"{' and' if unfused else ', and is'} {eager}" if eager else "") + ".")
     text += _counters(profile, "softmax_bwd") + " " + _standing_text(inside, "the one-tile kernel")
     if not len(past):
         return {"bwd": text, "bwd_wide": long_rows}
@@ -319,17 +324,18 @@ def _layernorm(lnh: pd.DataFrame, profile: pd.DataFrame) -> dict:
            "ln_fwd": D.lacking("device times of the fused float16 LayerNorm forward"),
            "ln_bwd": D.lacking("device times of the fused float16 LayerNorm backward")}
     st = standing(fwd)
-    unfused, eager = _faster(st, "unfused"), _faster(st, "eager")
+    unfused = _faster(st, "unfused", "the five unfused Triton kernels")
+    eager = _faster(st, "eager", "it")
     if len(st):
         out["ln_fwd"] = (
-            (f"The fused forward is {unfused} faster than the five unfused Triton kernels (the "
-             f"model's ceiling: {CEILING['ln']:.0f}×). " if unfused else "")
-            + (f"Against PyTorch eager, also one kernel, it is {eager} faster. " if eager else "")
+            (f"The fused forward is {unfused} (the model's ceiling: {CEILING['ln']:.0f}×). "
+             if unfused else "")
+            + (f"PyTorch eager's forward is one kernel too; ours is {eager}. " if eager else "")
             + _standing_text(st, "the fused forward"))
     st = standing(bwd)
     if len(st):
-        eager = _faster(st, "eager")
-        out["ln_bwd"] = ((f"The fused backward is {eager} faster than eager's." if eager else "")
+        eager = _faster(st, "eager", "eager's")
+        out["ln_bwd"] = ((f"The fused backward is {eager}." if eager else "")
                          + _counters(profile, "layer_norm_bwd") + " "
                          + _standing_text(st, "the fused backward")).strip()
     return out
@@ -337,8 +343,8 @@ def _layernorm(lnh: pd.DataFrame, profile: pd.DataFrame) -> dict:
 
 def _per_call(bwd: pd.DataFrame) -> str:
     """The backward called through autograd one call at a time, host included (ms_median)."""
-    st = standing(bwd.assign(t_ms=bwd["ms_median"]).dropna(subset=["t_ms"])) if len(bwd) else bwd
-    st = st.dropna(subset=["best_ms"]) if len(st) else st
+    st = standing(bwd.assign(t_ms=bwd["ms_median"]).dropna(subset=["t_ms"]) if len(bwd) else bwd)
+    st = st.dropna(subset=["best_ms"])
     if not len(st):
         return D.lacking("per-call times of the LayerNorm backward")
     behind = st[st["best_ms"] < (1 - TIE) * st["fused"]]
@@ -371,10 +377,10 @@ def user_shapes(sm: pd.DataFrame, smb: pd.DataFrame, ln: pd.DataFrame) -> pd.Dat
                 best = min(others, key=others.get)
                 shape = f"{D.SHORT_DTYPE.get(dtype, dtype)} {int(rows)} × {int(width)}"
                 out.append(dict(op=name, direction="bwd" if "bwd" in op else "fwd", shape=shape,
-                                rows=int(rows), ours=times["triton_fused"], best=best,
-                                best_ms=others[best]))
-    return pd.DataFrame(out, columns=["op", "direction", "shape", "rows", "ours", "best",
-                                      "best_ms"])
+                                rows=int(rows), width=int(width), ours=times["triton_fused"],
+                                best=best, best_ms=others[best]))
+    return pd.DataFrame(out, columns=["op", "direction", "shape", "rows", "width", "ours", "best",
+                                      "best_ms"]).sort_values(["rows", "width", "shape"])
 
 
 def users_table(users: pd.DataFrame) -> pd.DataFrame:
@@ -384,11 +390,12 @@ def users_table(users: pd.DataFrame) -> pd.DataFrame:
     u = users.assign(us=(1e3 * users["ours"]).map(lambda v: f"{v:.1f}"),
                      other=[f"{D.SHORT_LABEL.get(b, b)} {1e3 * m:.1f}"
                             for b, m in zip(users["best"], users["best_ms"])])
-    t = u.pivot_table(index=["op", "rows", "shape"], columns="direction", values=["us", "other"],
-                      aggfunc="first").sort_index(level=["op", "rows"], ascending=[False, True])
-    t.columns = [f"{d} µs" if v == "us" else f"{d}: fastest other" for v, d in t.columns]
-    cols = [c for c in ("fwd µs", "fwd: fastest other", "bwd µs", "bwd: fastest other") if c in t]
-    return t[cols].fillna("—").reset_index().drop(columns="rows")
+    t = u.pivot_table(index=["op", "rows", "width", "shape"], columns="direction",
+                      values=["us", "other"], aggfunc="first").sort_index(
+        level=["op", "rows", "width"], ascending=[False, True, True])
+    t.columns = [f"fused {d} µs" if v == "us" else f"{d}: fastest other" for v, d in t.columns]
+    cols = ["fused fwd µs", "fwd: fastest other", "fused bwd µs", "bwd: fastest other"]
+    return t.reindex(columns=cols).fillna("—").reset_index().drop(columns=["rows", "width"])
 
 
 def _users_sentence(users: pd.DataFrame) -> str:
@@ -428,17 +435,17 @@ def _meaning(st_fwd: pd.DataFrame, lnh: pd.DataFrame, widest) -> dict:
         parts.append(f"Against PyTorch, torch.compile and the Triton libraries, which already run "
                      f"one kernel, there is little left to fuse: while the row fits in registers "
                      f"the fastest of them takes {inside} the fused softmax's time.")
-    past = _faster(st_fwd[st_fwd["width"] > widest], "best_ms")
+    past = _faster(st_fwd[st_fwd["width"] > widest], "best_ms", "the fastest other")
     ahead = ln_bwd[ln_bwd["best_ms"] > (1 + TIE) * ln_bwd["fused"]]
-    wins = [f"for softmax rows past the register limit ({widest} elements) it is {past} faster "
-            "than the fastest other"] if past else []
+    wins = [f"for softmax rows past the register limit ({widest} elements) it is {past}"
+            ] if "faster" in past else []
     if len(ahead):
         wins.append(f"for the LayerNorm backward at {_widths(ahead['width'], ln_bwd['width'])} "
                     f"columns, where eager reads x and dy twice, it is "
                     f"{_faster(ahead, 'best_ms')} faster")
     if wins:
-        parts.append("A hand-written kernel pays where the others leave passes over memory on "
-                     "the table: " + "; and ".join(wins) + ".")
+        parts.append("A hand-written kernel pays where the others stay further from the copy "
+                     "bandwidth: " + "; and ".join(wins) + ".")
     return {"meaning": " ".join(parts) or D.lacking("rows to compare")}
 
 
@@ -450,17 +457,15 @@ def _width_figure(rows: pd.DataFrame, copy_gbps: float, panels: str, title, miss
 
 
 def fig_softmax(c: dict, key: str = "fwd"):
+    """Softmax forward (key "fwd") or backward ("bwd") bandwidth against the width."""
     rows, widest = c[key], c["widest_one_pass"] if key == "fwd" else None
     title = f"float32, {int(rows['rows'].max())} rows" if len(rows) else ""
     fig = _width_figure(rows, c["copy"][key], "dtype", lambda _: title,
-                        f"No device times of the float32 softmax {key} in these data.")
+                        f"No device times of the float32 softmax{' backward' * (key == 'bwd')} "
+                        "in these data.")
     if len(rows) and widest:  # where the row stops fitting in registers
         fig.axes[0].axvline(widest, color="grey", lw=0.8)
     return fig
-
-
-def fig_softmax_backward(c: dict):
-    return fig_softmax(c, "bwd")
 
 
 def fig_layernorm(c: dict):
@@ -475,9 +480,8 @@ def fig_paths(c: dict):
     if not len(paths):
         return figures.no_data("No device times of the fused softmax's paths in these data.")
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    order = list(PATH_LABEL)
-    for variant in sorted(set(paths["variant"]), key=lambda v: order.index(v) if v in order else 9):
-        d, (color, marker) = paths[paths["variant"] == variant], PATH_STYLE.get(variant, ("k", "."))
+    for variant in [v for v in PATH_LABEL if v in set(paths["variant"])]:
+        d, (color, marker) = paths[paths["variant"] == variant], PATH_STYLE[variant]
         ax.plot(d["width"], d["tbps"], label=PATH_LABEL.get(variant, variant), ms=4, lw=1.2,
                 color=color, marker=marker)
     chosen = paths[paths["picked"].astype(bool)]

@@ -11,6 +11,8 @@ from triton_fusion_report.analysis import schema, traffic
 from triton_fusion_report.analysis import __main__ as cli
 from triton_fusion_report.analysis.sweep import Problem, Variant, run
 
+from conftest import FULL
+
 
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_add_mul_traffic(itemsize):
@@ -109,6 +111,7 @@ def test_trials_are_interleaved_on_fresh_inputs(tmp_path, device):
     assert pd.isna(rows.set_index("impl").loc["torch_eager", "kernel_hash"])
 
 
+@FULL
 def test_compiled_variants_of_one_problem_compile_once_each(tmp_path, device):
     """Two compiled variants of one function in one problem: each traced once over the check and
     every trial (a Dynamo reset between them would drop the first one's graph and compile it
@@ -301,6 +304,7 @@ def tiny_softmax_grid(monkeypatch):
                         {torch.float32: [(1, 16400)], torch.float16: [(3, 33)]})
 
 
+@FULL
 def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid):
     """`--op softmax_bwd`: only the backward's rows, every implementation checked against float64
     through the interpreter and ok."""
@@ -397,10 +401,10 @@ def test_append_run(tmp_path):
 
 def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
     """Rows from before the direction column are the forward's; a part the folder lacks (the
-    backward) comes from the reference, or is empty where the reference lacks it too."""
+    backward) is empty, with every column, never borrowed from the reference."""
     import shutil
 
-    from triton_fusion_report.analysis import report as R
+    from triton_fusion_report.analysis.book import data as D
 
     from conftest import reference_before_softmax_backward
 
@@ -408,13 +412,11 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
     shutil.copy(old / "limits.parquet", tmp_path / "limits.parquet")
     shutil.copy(old / "softmax.parquet", tmp_path / "softmax.parquet")
     assert "direction" not in pq.read_schema(tmp_path / "softmax.parquet").names
-    fwd = R.load(tmp_path, "softmax")
+    fwd = D.load(tmp_path, "softmax")
     assert len(fwd) == pq.read_metadata(tmp_path / "softmax.parquet").num_rows
-    assert not fwd.attrs["from_reference"]
-    bwd = R.load(tmp_path, "softmax", op="softmax_bwd")
-    reference_bwd = R.load(R.REFERENCE, "softmax", op="softmax_bwd")
-    assert len(bwd) == len(reference_bwd) and bwd.attrs["from_reference"]
-    assert not reference_bwd.attrs["from_reference"]
+    assert (fwd["direction"] == "fwd").all()
+    bwd = D.load(tmp_path, "softmax", op="softmax_bwd")
+    assert len(bwd) == 0 and "ms_device" in bwd and "width" in bwd
 
 
 def test_provenance(tmp_path, monkeypatch):
@@ -595,11 +597,8 @@ def _details_with_markers(text: str) -> str:
 def test_profile_details_pair_our_kernel_with_the_fastest_other():
     """--details: the details page's kernels split among the implementations by the markers
     (which are dropped), one row per kernel with its metrics, failures as rows of their own;
-    target_counters keeps our fused kernel and the fastest other implementation, and the
-    synthesis display names them."""
+    target_counters keeps our fused kernel and the fastest other implementation."""
     from triton_fusion_report.analysis import profile as P
-    from triton_fusion_report.analysis import synthesis as S
-
     folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
     recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
     details = P.ncu_details(_details_with_markers(
@@ -626,13 +625,7 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     failed = rows[rows["status"] == "failed"]
     assert len(P.target_counters(failed)) == 0 and "impl" in P.target_counters(failed)
     assert len(P.details_summary(pd.DataFrame([dict(status="failed")]))) == 0
-    shown = S.counter_display(counters)
-    assert shown["implementation"].tolist() == ["fused", "cuDNN"]
-    assert shown.loc[0, "op"] == "softmax(X) @ V" and shown.loc[0, "registers"] != "—"
-    said = S.counter_findings(counters)["softmax_matmul"]
-    assert said["other"] == "sdpa_cudnn"
-    assert said["time_ratio"] == pytest.approx(
-        recorded.loc[0, "duration_us"] / recorded.loc[1, "duration_us"])
+
 
 
 def test_profile_details_case_reports_a_failed_ncu(tmp_path):
@@ -702,6 +695,7 @@ def test_more_workers_than_gpus_is_refused(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@FULL
 @two_workers
 def test_workers_share_the_problems_and_merge(tmp_path):
     """--workers 2: each configuration measured once, by one of two processes (each its own run,
@@ -740,6 +734,7 @@ def _dies_in_the_second_problem(monkeypatch):
     return real
 
 
+@FULL
 @two_workers
 def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys):
     """A multi-worker bench killed part way leaves its parts unmerged: --resume --workers 2 merges
@@ -781,6 +776,7 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
         cli.main(["--out", str(out), *base, "--workers", "2", "--resume"])
 
 
+@FULL
 @pytest.mark.parametrize("worker_finished", [True, False])
 def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, monkeypatch,
                                                    capsys, worker_finished):
@@ -858,6 +854,7 @@ def _workers_in_this_process(monkeypatch):
     monkeypatch.setattr(workers.mp, "get_context", lambda _: Context)
 
 
+@FULL
 @two_workers
 def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeypatch, capsys):
     """A worker that dies (its problem half done, taken off the queue: no one measures it) makes
@@ -1017,6 +1014,7 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
         cli.main(argv + ["--resume"])
 
 
+@FULL
 def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_softmax_grid,
                                                               monkeypatch):
     """A --resume (or run) into a folder whose run is still going (a session thought lost) is
@@ -1044,35 +1042,6 @@ def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_so
     assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [14]
 
 
-def test_launch_table_marks_second_cases_and_findings_skip_them():
-    """A second case of an op (nn.Parameter weights, a new length) is its own line in the table
-    and never averaged into the op's figure in the findings."""
-    from triton_fusion_report.analysis import synthesis
-
-    def row(op, shape, impl, us):
-        return dict(op=op, shape=shape, impl=impl, host_us=us, gpu_us=2.0, first_ms=1.0, error="",
-                    git_commit="0" * 40, gpu="H100", started_at="2026-11-25T00:00:00",
-                    torch="2.11.0", triton="3.6.0")
-    lc = pd.DataFrame([row("raw launch", "1 arg", "triton_noop", 10.0),
-                       row("raw launch", "10 args", "triton_noop", 20.0),
-                       row("layer_norm", "8x1024", "torch_eager", 15.0),
-                       row("layer_norm", "8x1024", "public", 30.0),
-                       row("layer_norm", "8x1024", "registered_op", 55.0),
-                       row("layer_norm", "8x1024 (nn.Parameter weights, no_grad)", "public", 90.0),
-                       row("attention", "1x2x128x64", "torch_eager", 40.0),
-                       row("attention", "1x2x128x64", "public", 24.0),
-                       row("attention", "1x2x128x64", "registered_op", 50.0),
-                       row("attention", "1x2x120x64 (new length, same bucket)", "public", 25.0)])
-    table = synthesis.launch_table(lc)
-    assert table["op"].tolist() == ["LayerNorm", "LayerNorm (nn.Parameter weights)", "attention",
-                                    "attention (new length)"]
-    assert table["kernels.*"].tolist() == [30.0, 90.0, 24.0, 25.0]
-    f = synthesis.launch_findings(lc)
-    assert f["over_target"] == {"layer_norm": 30.0} and f["under_target"] == ["attention"]
-    assert f["dispatcher_us"] == 25.5
-
-
-@two_workers
 def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monkeypatch, capsys):
     """A worker killed while it measured the limits left a running record and nothing else:
     --resume --workers 2 takes it as stopped (it has no rows to check or adopt) and measures

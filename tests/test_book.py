@@ -44,12 +44,14 @@ def run_chapter(qmd: Path, results) -> dict:
         label = str(cell.options.get("label", ""))
         if label.startswith("fig-"):
             figs = [plt.figure(n) for n in plt.get_fignums()]
-            assert figs or hasattr(out, "savefig"), f"{qmd.name} {label}: no figure"
+            assert len(figs) == 1, f"{qmd.name} {label}: {len(figs)} figures, not one"
+            # A figure the cell also returns would be shown twice (the inline backend shows it).
+            assert not hasattr(out, "savefig"), f"{qmd.name} {label}: assign the figure, don't return it"
             made["figures"] += 1
             if os.environ.get("BOOK_FIGURES_DIR"):
                 target = Path(os.environ["BOOK_FIGURES_DIR"])
                 target.mkdir(exist_ok=True)
-                (out if hasattr(out, "savefig") else figs[-1]).savefig(target / f"{label}.png", dpi=70)
+                figs[0].savefig(target / f"{label}.png", dpi=70)
         if label.startswith("tbl-"):
             assert out is not None and "|" in str(out), f"{qmd.name} {label}: no table"
             made["tables"] += 1
@@ -169,3 +171,25 @@ def test_summary_comes_first():
     assert CHAPTERS[0] == ROOT / "index.qmd"
     text = CHAPTERS[0].read_text()
     assert "tbl-headline" in text and "fig-predicted" in text
+
+
+def test_host_cost_keeps_second_cases_apart(tmp_path):
+    """A second case of an op (nn.Parameter weights, a new length) is never averaged into the
+    op's figure."""
+    from triton_fusion_report.analysis.book import across
+
+    def row(op, shape, impl, us):
+        return dict(op=op, shape=shape, impl=impl, host_us=us, host_us_min=us, host_us_max=us,
+                    gpu_us=2.0, first_ms=1.0, error=None)
+    pd.DataFrame([row("raw launch", "1 arg", "triton_noop", 10.0),
+                  row("raw launch", "10 args", "triton_noop", 20.0),
+                  row("layer_norm", "8x1024", "torch_eager", 15.0),
+                  row("layer_norm", "8x1024", "public", 30.0),
+                  row("layer_norm", "8x1024 (nn.Parameter weights, no_grad)", "public", 90.0),
+                  row("attention", "1x2x128x64", "public", 24.0),
+                  row("attention", "1x2x120x64 (new length, same bucket)", "public", 25.0)]
+                 ).to_csv(tmp_path / "launch_cost.csv", index=False)
+    lc = across.launch(tmp_path)
+    assert lc["host"]["public"].to_dict() == {"layer_norm": 30.0, "attention": 24.0}
+    assert lc["floor_10"] == 20.0
+    assert "1 of 1 ops" in across.launch_say(lc)

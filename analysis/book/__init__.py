@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import os
 import pickle
+import re
 from pathlib import Path
 
 from . import data
@@ -25,7 +26,8 @@ class Chapter(dict):
     """A chapter's computed values. `c.say("key")` is a sentence, as markdown for inline use."""
 
     def say(self, key: str) -> "data.Markdown":
-        return data.Markdown(self["say"][key])
+        # "GPT-2's": a straight quote after a digit reads as a prime (′) in the PDF.
+        return data.Markdown(re.sub(r"(\d)'s\b", "\\1’s", self["say"][key]))
 
 
 def _fingerprint(name: str, folders: list[Path]) -> str:

@@ -322,8 +322,9 @@ def launch_say(lc: dict) -> str:
     parts[-1] += (f", while their kernels take {span(gpu, '.1f')} µs of GPU time: at these sizes "
                   "the host sets the cost." if len(gpu) else ".")
     if "torch_eager" in host:
-        faster = [LAUNCH_OPS[op] for op in ours.index if host.loc[op, "torch_eager"] < ours[op]]
-        parts.append(f"PyTorch eager is cheaper per call for {len(faster)} of {len(ours)} ops"
+        both = [op for op in ours.index if host.loc[op, "torch_eager"] == host.loc[op, "torch_eager"]]
+        faster = [LAUNCH_OPS[op] for op in both if host.loc[op, "torch_eager"] < ours[op]]
+        parts.append(f"PyTorch eager is cheaper per call for {len(faster)} of {len(both)} ops"
                      + (f" ({', '.join(faster)})" if faster else "")
                      + ": its path from the call to the launch is C++, ours runs Python checks "
                        "and planning before Triton's launcher.")

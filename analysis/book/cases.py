@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 
 from . import data as R
 from .. import traffic
 from ..schema import PEAK_PRECISION
-
-# Whole implementations of an op by a library: SDPA's backends, cuBLASLt's matmul with the
-# activation in its epilogue, the peer Triton libraries (cuBLAS rows are the matmul alone: a
-# reference point, not an implementation of the fused op).
-LIBRARIES = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "cublaslt", "liger", "flag_gems")
 
 
 def device_time(df: pd.DataFrame) -> pd.Series:
@@ -190,25 +183,6 @@ def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame)
     return pd.DataFrame(rows, columns=["family", "case", "predicted", "measured", "fused_ms"])
 
 
-def model_fit(pvm: pd.DataFrame) -> dict:
-    """How the measured speedups sit against the model's: how many within a quarter of it, and
-    those below (measured under 0.8 of predicted) and above (over 1.25): how many, per family,
-    and the farthest, with its ratio."""
-    ratio = pvm["measured"] / pvm["predicted"] if len(pvm) else pd.Series(dtype=float)
-
-    def describe(sel, farthest):
-        if not len(sel):
-            return "none"
-        counts = sel.groupby("family").size().sort_values(ascending=False)
-        r = sel.loc[farthest(ratio[sel.index])]
-        return (f"{len(sel)} ({', '.join(f'{FAMILY_LABEL[k]} {n}' for k, n in counts.items())};"
-                f" the farthest {FAMILY_LABEL[r['family']]} {r['case']} at "
-                f"{r['measured'] / r['predicted']:.2f}×)")
-
-    return dict(close=int(ratio.between(0.8, 1.25).sum()),
-                below=describe(pvm[ratio < 0.8], pd.Series.idxmin),
-                above=describe(pvm[ratio > 1.25], pd.Series.idxmax))
-
 
 # The size each family is summed up at: its largest configuration of the kind the chapter
 # headlines (the first of these present in the data is taken).
@@ -242,54 +216,6 @@ def headline(family: str, df: pd.DataFrame) -> Case | None:
             return max(hits, key=lambda c: c.flops)
     return None
 
-
-def headline_table(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
-    """Per family at its headline size: bytes and launches unfused/fused (model), arithmetic
-    intensity, and the fused kernel's measured speedup over each baseline (their time / ours)."""
-    rows = []
-    for family, df in frames.items():
-        case = headline(family, df)
-        if case is None:
-            continue
-        t = times_of(df, case.where)
-        fused = t["triton_fused"]
-        libs = {k: v for k, v in t.items() if k in LIBRARIES}
-        best_lib = min(libs, key=libs.get) if libs else None
-        rows.append({
-            "family": FAMILY_LABEL[family], "case": case.label,
-            "MB unfused": traffic.total(case.unfused) / 1e6,
-            "MB fused": traffic.total(case.fused) / 1e6,
-            "launches unfused": len(case.unfused), "launches fused": len(case.fused),
-            "FLOP/byte": case.intensity,
-            "fused ms": fused,
-            "vs Triton unfused": t.get("triton_unfused", np.nan) / fused,
-            "vs eager": t.get("torch_eager", np.nan) / fused,
-            "vs torch.compile": t.get("torch_compile", np.nan) / fused,
-            "vs best library": libs[best_lib] / fused if best_lib else np.nan,
-            "best library": R.IMPL_LABEL.get(best_lib, "none measured") if best_lib else "none measured",
-            "_family": family,
-        })
-    return pd.DataFrame(rows)
-
-
-def headline_display(table: pd.DataFrame) -> pd.DataFrame:
-    """The headline table as the chapter shows it: bytes and launches as "unfused → fused", the
-    speedups (their time / ours), the library named beside its speedup."""
-    def speed(v):
-        return "—" if v != v else f"{v:.2f}"
-
-    return pd.DataFrame({
-        "family": table["family"],
-        "case": table["case"],
-        "MB": [f"{u:,.0f} → {f:,.0f}" for u, f in zip(table["MB unfused"], table["MB fused"])],
-        "launches": [f"{u} → {f}" for u, f in zip(table["launches unfused"], table["launches fused"])],
-        "FLOP/B": [f"{v:.3g}" if v < 100 else f"{v:,.0f}" for v in table["FLOP/byte"]],
-        "× unfused": table["vs Triton unfused"].map(speed),
-        "× eager": table["vs eager"].map(speed),
-        "× compile": table["vs torch.compile"].map(speed),
-        "× library": [speed(v) + ("" if v != v else f" ({name})")
-                      for v, name in zip(table["vs best library"], table["best library"])],
-    })
 
 
 def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd.DataFrame:
@@ -328,70 +254,6 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     t.columns = [R.SHORT_LABEL.get(c, c) for c in t.columns]
     return t
 
-
-# A baseline "wins" when our time exceeds its by more than run-to-run noise (rows over 50 us
-# re-measured within 0.965-1.010 on the same H100 kind).
-LOSS = 0.97
-
-
-def conclusions(table: pd.DataFrame) -> dict[str, str]:
-    """Sentences from the headline table: where fusion pays, where torch.compile already fuses
-    it, where a library is already fused, where our kernel loses and by how much."""
-    def names(sel, column):
-        return ", ".join(f"{r.family} ({getattr(r, column):.2f}×)" for r in sel.itertuples()) or "none"
-
-    t = table.rename(columns=lambda c: c.replace(" ", "_").replace(".", "_"))
-    pays = t[(t["vs_Triton_unfused"] > 1.1) & (t["vs_eager"] > 1.0)]
-    compiled = t[t["vs_torch_compile"].between(0.9, 1.1) | (t["vs_torch_compile"] < 0.9)]
-    library = t[t["vs_best_library"] < LOSS]  # ahead by more than the noise, as losses are
-    baselines = {"eager": "vs_eager", "torch.compile": "vs_torch_compile"}
-    losses = []
-    for r in t.itertuples():
-        speed = {name: getattr(r, col) for name, col in baselines.items()}
-        if r.best_library != "none measured":
-            speed[r.best_library] = r.vs_best_library
-        name = min(speed, key=lambda k: speed[k] if speed[k] == speed[k] else math.inf)
-        if speed[name] < LOSS:  # their time over ours
-            losses.append(f"{r.family} ({name} {1 / speed[name]:.2f}× faster)")
-    return dict(
-        pays=names(pays, "vs_Triton_unfused"),
-        compile_fuses=names(compiled, "vs_torch_compile"),
-        library_ahead=names(library, "vs_best_library"),
-        loses=", ".join(losses) or "none",
-    )
-
-
-def distance_table(df: pd.DataFrame, limits: pd.DataFrame, cases: dict[str, dict],
-                   impls=("triton_fused",)) -> pd.DataFrame:
-    """How far each case is from its floor, one row per case: the floor, max(model bytes / copy
-    bandwidth, FLOPs / matmul peak) of the run that measured the case, and for each impl the
-    floor as a percentage of its device time (100: at the limit). `cases`: label -> the column
-    values that pick the configuration."""
-    rows = []
-    for label, where in cases.items():
-        sel = _select(df, where)
-        row = {"case": label, "bound by": "no data", "floor µs": np.nan}
-        if len(sel):
-            r = sel.iloc[0]
-            # The limits of the run that measured this configuration (a multi-GPU bench has one
-            # run per GPU, each with its own).
-            run = R.run_of(sel)
-            bw = R.limit(limits, "copy_bw", run_id=run)
-            peak = peak_of(limits, r["precision"], run)
-            mem_ms = r["bytes_model"] / bw / 1e6
-            flop_ms = r["flops_model"] / peak / 1e9 if peak == peak else 0.0
-            floor = max(mem_ms, flop_ms)
-            row.update({"bound by": "memory" if mem_ms >= flop_ms else "matmul peak",
-                        "floor µs": floor * 1e3})
-            t = times_of(df, where)
-        for impl in impls:
-            row[f"{R.IMPL_LABEL.get(impl, impl)} %"] = (100 * floor / t.get(impl, np.nan)
-                                                       if len(sel) else np.nan)
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    # An implementation these data never ran here gets no column of dashes.
-    empty = [c for c in table.columns if c.endswith(" %") and table[c].isna().all()]
-    return table.drop(columns=empty) if len(table) and len(empty) < len(impls) else table
 
 
 # What matmul + softmax's `store_softmax` method is, wherever a chapter says the plan took it.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -42,16 +41,12 @@ SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 PEERS = ["liger", "flag_gems"]
 
 
-def short_columns(impls) -> dict:
-    """Renames a distance table's "<label> %" columns to the short labels."""
-    return {IMPL_LABEL.get(i, i) + " %": SHORT_LABEL.get(i, i) + " %" for i in impls}
-
 
 def results_dirs(results: str | os.PathLike | None = None) -> list[Path]:
     """Every folder a render shows: the `results` parameter if given, else $FUSION_RESULTS (set
     by `make render`; several folders separated by os.pathsep), else the committed references:
-    the H100's, then the H200's where it exists. The chapters read the first; the synthesis
-    compares them all."""
+    the H100's, then the H200's where it exists. The chapters read the first; the across-families
+    chapter compares them all."""
     default = os.pathsep.join(str(p) for p in (REFERENCE, REFERENCE.parent / "h200")
                               if (p / "limits.parquet").exists()) or str(REFERENCE)
     chosen = str(results or os.environ.get("FUSION_RESULTS") or default)
@@ -65,10 +60,6 @@ def results_dirs(results: str | os.PathLike | None = None) -> list[Path]:
         paths.append(path)
     return paths
 
-
-def results_dir(results: str | os.PathLike | None = None) -> Path:
-    """The folder the chapters read: the first of `results_dirs`."""
-    return results_dirs(results)[0]
 
 
 def gpu_of(results: Path) -> str:
@@ -139,50 +130,6 @@ def load_csv(results: Path, name: str) -> pd.DataFrame:
     return pd.read_csv(path) if path.exists() else pd.DataFrame()
 
 
-def source_line(table: pd.DataFrame) -> str:
-    """Where a CSV table (see `load_csv`) was measured: GPU, date, versions."""
-    r = table.iloc[0]
-    commit = f" at commit {str(r['git_commit'])[:12]}" if "git_commit" in r and pd.notna(
-        r["git_commit"]) else ""
-    return (f"Measured on {r['gpu']} on {str(r['date'])[:10]}{commit}, torch {r['torch']}, "
-            f"triton {r['triton']}.")
-
-
-def data_line(**frames: pd.DataFrame) -> "Markdown":
-    """The chapter's provenance sentence: GPU and date of each family's run, and a warning for a
-    family whose data came from the committed reference (see `load`). An empty frame (a part no
-    run measured, see `load`) is left out: the chapter says so where it would show it."""
-    frames = {name: df for name, df in frames.items() if len(df)}
-    parts, fallback = [], []
-    for name, df in frames.items():
-        runs = runs_of(df)
-        gpus = df["gpu_index"].dropna().nunique() if "gpu_index" in df else 1
-        where = (f"run {runs[0]}" if len(runs) == 1 else
-                 f"{len(runs)} runs" + (f" on {gpus} GPUs" if gpus > 1 else "")
-                 + f", {runs[0]} to {runs[-1]}")
-        parts.append(f"{name} measured on {df['gpu'].iloc[0]} on {str(df['started_at'].iloc[0])[:10]}"
-                     f" ({where})")
-        if df.attrs.get("from_reference"):
-            fallback.append(name)
-    text = "Data: " + "; ".join(parts) + "."
-    if fallback:
-        text += (" This results folder has no data for " + ", ".join(fallback)
-                 + ": those figures come from the committed reference.")
-    cpu = [name for name, df in frames.items() if df.attrs.get("on_cpu")]
-    if cpu:
-        text += (" The " + ", ".join(cpu) + " rows were run on the CPU through Triton's "
-                 "interpreter: every output was checked against float64, but nothing was timed, "
-                 "so the figures and values that need a time are empty (shown as —).")
-    for name, df in frames.items():
-        failed = df[df["status"] != "ok"]
-        if len(failed):
-            counts = ", ".join(
-                f"{len(g)} {status} of " + ", ".join(IMPL_LABEL.get(i, i) for i in g["impl"].unique())
-                for status, g in failed.groupby("status"))
-            text += (f" {len(failed)} of the {len(df)} {name} rows failed ({counts}): they are "
-                     "missing from the figures, and values that need them are shown as —.")
-    return Markdown(text)
-
 
 def load_limits(results: Path) -> pd.DataFrame:
     """The limits measured by every run in the folder."""
@@ -215,61 +162,7 @@ def runs_of(df: pd.DataFrame) -> list[str]:
     return sorted(set(df["run_id"].dropna().astype(str)))
 
 
-def provenance(results: Path, limits: pd.DataFrame) -> dict:
-    """Where the data come from, for the report's first page: the latest run in the folder
-    (`runs` counts them; each family's chapter names its own run)."""
-    # The runs the folder's own data rows come from (`limits` also holds the reference's runs,
-    # and runs that measured nothing else); the latest of them describes the data.
-    rows = family_rows(results)
-    # Seed 002's benchmark (its own protocol, a run of its own) is not one of the sweep's runs.
-    if "data" in rows:
-        rows = rows[rows["data"] != "seed002"]
-    # Rows measured on several GPUs: at one commit (`mixture`), a bench's workers, a run each.
-    gpus = int(rows["gpu_index"].nunique()) if "gpu_index" in rows and len(rows) else 1
-    rows = rows[["run_id", "started_at"]] if {"run_id", "started_at"} <= set(rows) else rows.iloc[:0]
-    own = pd.read_parquet(Path(results) / "limits.parquet")
-    with_rows = own[own["run_id"].isin(set(rows["run_id"]))]
-    row = (with_rows if len(with_rows) else own if len(own) else limits).sort_values(
-        "run_id").iloc[-1]
-    return dict(
-        gpu=row["gpu"], date=str(row["started_at"])[:10], started_at=row["started_at"],
-        torch=row["torch"], triton=row["triton"], cuda=row["cuda"], commit=row["git_commit"],
-        run_id=row["run_id"], folder=str(Path(results).resolve().relative_to(ROOT))
-        if Path(results).resolve().is_relative_to(ROOT) else str(results),
-        is_reference=Path(results).resolve().is_relative_to(REFERENCE.parent.resolve()),
-        runs=int(rows["run_id"].nunique()) if len(rows) else int(limits["run_id"].nunique()),
-        first_date=str((rows if len(rows) else limits)["started_at"].min())[:10],
-        gpus=gpus,
-    )
 
-
-def others_line(folders: list) -> str:
-    """For the first page where a render compares several folders: each further folder's GPU,
-    runs, commit and dates, and whether its Triton rows ran the same kernel source as the
-    first folder's (empty for one folder)."""
-    def kernels(folder):
-        rows = family_rows(folder)
-        return set(rows["kernel_hash"].dropna()) if "kernel_hash" in rows else set()
-
-    first = kernels(folders[0]) if folders else set()
-    parts = []
-    for folder in folders[1:]:
-        src = provenance(folder, load_limits(folder))
-        own = kernels(folder)
-        when = (f"on {src['date']}" if src["first_date"] == src["date"]
-                else f"from {src['first_date']} to {src['date']}")
-        parts.append(f"**{src['gpu']}** from `{src['folder']}` ({src['runs']} runs at commit "
-                     f"`{str(src['commit'])[:12]}`, {when}; "
-                     + ("the same Triton kernel source" if own and own == first else
-                        "**another Triton kernel source**") + ")")
-    if not parts:
-        return ""
-    return ("The synthesis chapter compares this GPU with " + "; ".join(parts) + ".")
-
-
-# The CSV tables of a full `make bench` beside the sweep's Parquet files.
-BENCH_CSVS = ("host_overhead.csv", "launch_cost.csv", "model_check.csv", "model_train.csv",
-              "seed002_ieee.csv", "seed002_tf32.csv")
 # Parquet files of a results folder that hold no family's sweep rows.
 NOT_FAMILY_FILES = ("limits", "runs", "profile", "profile_details")
 
@@ -285,199 +178,11 @@ def family_rows(results: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def bench_cost(rows: pd.DataFrame) -> pd.DataFrame:
-    """Where a sweep's time goes: per family (the `data` column of `family_rows`), the minutes its
-    rows took (each row's wall_s: checking, warm-up, trials, and for torch.compile and the
-    libraries their compiles and autotuning; not the limits or process start-up), and the share
-    of torch.compile's max-autotune rows, of the peer libraries' and of our fused kernels'
-    (their per-shape tuning included). Rows without wall_s (runs before it was recorded) count
-    nowhere; a last row sums the families."""
-    cols = ["family", "rows", "minutes", "max-autotune %", "libraries %", "fused %"]
-    if not len(rows) or "wall_s" not in rows or rows["wall_s"].isna().all():
-        return pd.DataFrame(columns=cols)
-    timed = rows.dropna(subset=["wall_s"])
-
-    def line(name, g):
-        total = g["wall_s"].sum()
-        share = lambda sel: 100 * g.loc[sel, "wall_s"].sum() / total if total else float("nan")
-        return {"family": name, "rows": len(g), "minutes": total / 60,
-                "max-autotune %": share(g["impl"] == "torch_compile_max"),
-                "libraries %": share(g["impl"].isin(PEERS)),
-                "fused %": share(g["impl"] == "triton_fused")}
-
-    out = [line(name, g) for name, g in timed.groupby("data")]
-    out.append(line("all", timed))
-    return pd.DataFrame(out, columns=cols)
-
-
-# Issue 15's goal for a full `make bench` (the whole grid, three trials, max-autotune included).
-BENCH_GOAL_MINUTES = 15
-
-
-def bench_goal_line(rows: pd.DataFrame) -> str:
-    """Whether a folder's rows fit the bench goal on one GPU: their minutes of sweep in all, a
-    floor for one GPU (start-up, limits and the extras after the sweep come on top). Empty where
-    no row recorded its wall time."""
-    timed = rows.dropna(subset=["wall_s"]) if len(rows) and "wall_s" in rows else rows.iloc[:0]
-    if not len(timed):
-        return ""
-    total = timed["wall_s"].sum() / 60
-    verdict = ("meet it, before start-up, limits and the extras" if total <= BENCH_GOAL_MINUTES
-               else "miss it on this folder's GPU")
-    return (f"The goal for a full `make bench` is {BENCH_GOAL_MINUTES} minutes on one GPU: "
-            f"{total:.0f} minutes of rows alone {verdict}.")
-
-
-def mixture(results: Path) -> dict:
-    """What a results folder mixes: its commits, whether any run came from a changed tree or
-    from outside a git checkout, the families whose Triton rows ran more than one kernel source
-    (a data file assembled from several runs), and `fallback`: the data files of a bench it lacks,
-    which the chapters take from the committed reference (see `data_file`). `mixed` is true if
-    any."""
-    rows = family_rows(results)
-    fallback = [] if Path(results).resolve() == REFERENCE.resolve() else sorted(
-        path.name.removesuffix(".parquet") for path in REFERENCE.iterdir()
-        if (path.suffix == ".parquet" and path.stem not in ("limits", "runs")
-            or path.name in BENCH_CSVS) and not (Path(results) / path.name).exists())
-    if not len(rows):
-        return dict(mixed=bool(fallback), commits=[], unclean=[], families=[], runs=0,
-                    fallback=fallback)
-    commits = sorted(rows["git_commit"].dropna().astype(str).unique())
-    unclean = [c for c in commits if c.endswith("-dirty") or c == "unknown"]
-    families = []
-    if "kernel_hash" in rows:
-        triton = rows[rows["impl"].astype(str).str.startswith("triton")]
-        for family, g in triton.groupby("family"):
-            # Rows without a recorded hash (older data, seed 002's) are judged by their commit.
-            hashes = g["kernel_hash"].dropna().unique()
-            if len(hashes) > 1:
-                families.append(family)
-    return dict(mixed=len(commits) > 1 or bool(unclean) or bool(families) or bool(fallback),
-                commits=commits, unclean=unclean, families=families,
-                runs=int(rows["run_id"].nunique()), fallback=fallback)
-
 
 def short_commit(commit: str) -> str:
     dirty = commit.endswith("-dirty")
     return commit.removesuffix("-dirty")[:12] + ("-dirty" if dirty else "")
 
-
-def mixture_note(results: Path) -> "Markdown":
-    """The first page's warning where a folder is not one clean run (empty otherwise)."""
-    m = mixture(results)
-    if not m["mixed"]:
-        return Markdown("")
-    parts = []
-    if len(m["commits"]) > 1:
-        parts.append(f"its rows come from {m['runs']} runs at {len(m['commits'])} commits "
-                     f"({', '.join(short_commit(c) for c in m['commits'])})")
-    elif m["commits"]:
-        runs = "one run" if m["runs"] == 1 else f"{m['runs']} runs"
-        parts.append(f"its rows come from {runs} at commit {short_commit(m['commits'][0])}")
-    if m["unclean"]:
-        parts.append(f"{len(m['unclean'])} of these commits marked as a tree with uncommitted "
-                     "changes or as unknown")
-    if m["families"]:
-        parts.append("the Triton rows of " + ", ".join(m["families"]) + " ran more than one "
-                     "version of their kernels")
-    if m["fallback"]:
-        parts.append("it lacks " + ", ".join(m["fallback"]) + ": those data come from the "
-                     "committed reference, measured at other commits and times")
-    text = "; ".join(parts)
-    return Markdown("::: {.callout-warning}\n## This results folder is not one clean run\n"
-                    + text[:1].upper() + text[1:] + ". Figures that compare rows of different "
-                    "runs also compare different code; the methods chapter lists the runs.\n:::")
-
-
-def stale_kernels(results: Path) -> dict:
-    """The families whose Triton rows were measured with other kernel sources than this
-    checkout's (`changed`: a recorded kernel hash differs from `machine.kernel_hash` now), and
-    those whose rows record none (`unrecorded`: measured before the hash was recorded)."""
-    from . import machine
-
-    rows = family_rows(results)
-    changed, unrecorded = [], []
-    if len(rows) and "family" in rows:
-        triton = rows[rows["impl"].astype(str).str.startswith("triton")]
-        for family, g in triton.groupby("family"):
-            if family not in machine.FAMILY_KERNELS:
-                continue
-            hashes = set(g["kernel_hash"].dropna()) if "kernel_hash" in g else set()
-            if not hashes:
-                unrecorded.append(family)
-            elif hashes != {machine.kernel_hash(family)}:
-                changed.append(family)
-    return dict(changed=sorted(changed), unrecorded=sorted(unrecorded))
-
-
-def stale_note(results: Path) -> "Markdown":
-    """The first page's note where the data's Triton rows did not run this checkout's kernels
-    (empty otherwise)."""
-    s = stale_kernels(results)
-    parts = []
-    if s["changed"]:
-        parts.append("the Triton rows of " + ", ".join(s["changed"]) + " were measured with "
-                     "other kernel sources than this checkout's (their recorded kernel hashes "
-                     "differ)")
-    if s["unrecorded"]:
-        parts.append("those of " + ", ".join(s["unrecorded"]) + " record no kernel hash "
-                     "(measured before it was recorded)")
-    if not parts:
-        return Markdown("")
-    text = "; ".join(parts)
-    return Markdown("::: {.callout-warning}\n## These data predate this checkout's kernels\n"
-                    + text[:1].upper() + text[1:] + ". Their figures describe the kernels that "
-                    "ran then; `make bench` measures this checkout's.\n:::")
-
-
-def cache_line(results: Path) -> "Markdown":
-    """How warm the compile caches were when the folder's runs started (runs.parquet's
-    inductor_cache_files and triton_cache_kernels), which sets how long max-autotune and the
-    libraries' autotuning take: a sentence."""
-    path = Path(results) / "runs.parquet"
-    runs = pd.read_parquet(path) if path.exists() else pd.DataFrame()
-    col = "inductor_cache_files_start"
-    if col not in runs or runs[col].isna().all():
-        return Markdown("Whether its runs started with warm compile caches (Inductor's, Triton's, "
-                        "FlagGems' on disk) was not recorded.")
-    runs = runs.dropna(subset=[col]).sort_values("started_at")
-    # A bench's workers start together on one cache: one phrase per (start, end), in order.
-    ends = runs["inductor_cache_files_end"]
-    groups = Counter(zip(runs[col].astype(int), [None if pd.isna(e) else int(e) for e in ends]))
-
-    def at_end(end):
-        return "" if end is None else f" ({end} at the end)"
-    what = "Inductor's cache (FX graphs and autotuning results; a cold cache holds none)"
-    if len(runs) == 1:
-        start, end = next(iter(groups))
-        return Markdown(f"Its run started with {start} files in {what}{at_end(end)}.")
-    return Markdown(f"Its {len(runs)} runs started with these numbers of files in {what}: "
-                    + ", ".join(f"{n} {'run' if n == 1 else 'runs'} with {start}{at_end(end)}"
-                                for (start, end), n in groups.items()) + ".")
-
-
-def gpu_states(results: Path) -> pd.DataFrame:
-    """One line per run in the folder's runs.parquet: the GPU's state at its start and end."""
-    path = Path(results) / "runs.parquet"
-    if not path.exists():
-        return pd.DataFrame()
-    runs = pd.read_parquet(path).sort_values("started_at")
-
-    def pair(r, key, maxkey=None):
-        def one(end):
-            v = r[f"{key}_{end}"]
-            if maxkey is not None:
-                return f"{md(v, '.0f')}/{md(r[f'{maxkey}_{end}'], '.0f')}"
-            return str(md(v, ".0f"))
-        return f"{one('start')} → {one('end')}"
-    return pd.DataFrame([{
-        "run (UTC)": f"{str(r.started_at)[:10]} {str(r.started_at)[11:16]}", "status": r.status,
-        "GPU": f"#{md(r.gpu_index, '.0f')}", "driver": r.driver or "—",
-        "SM MHz": pair(r._asdict(), "sm_clock_mhz", "sm_clock_max_mhz"),
-        "memory MHz": pair(r._asdict(), "mem_clock_mhz", "mem_clock_max_mhz"),
-        "power limit W": r.power_limit_w_start, "°C": pair(r._asdict(), "temp_c"),
-        "commit": short_commit(str(r.git_commit)) + ("" if r.git_clean else " (not clean)")}
-        for r in runs.itertuples(index=False)])
 
 
 # The limits' columns in the methods chapter: (metric, precision) -> label (bandwidths in GB/s,
@@ -522,43 +227,6 @@ def range_text(lo: float, hi: float, fmt: str) -> str:
     return a if a == b else f"{a} to {b}"
 
 
-def limit_methods(limits: pd.DataFrame) -> pd.DataFrame:
-    """How each limit was measured: its label and the detail recorded by the latest run."""
-    if not len(limits):
-        return pd.DataFrame()
-    latest = limits.sort_values("started_at").groupby(["metric", "precision"]).tail(1)
-    out = [dict(limit=LIMIT_COLUMNS.get((r.metric, r.precision), f"{r.metric} {r.precision}"),
-                how=r.detail) for r in latest.itertuples(index=False)]
-    order = list(LIMIT_COLUMNS.values())
-    return pd.DataFrame(sorted(out, key=lambda d: (order.index(d["limit"])
-                                                   if d["limit"] in order else len(order))))
-
-
-def trial_spread(df: pd.DataFrame, split_ms: float = 0.05) -> dict:
-    """Run-to-run spread of timed rows measured in several trials: highest over lowest trial
-    median, median and 95th percentile, for rows above and below `split_ms`; `n` counts rows."""
-    out = {}
-    if not len(df) or "n_trials" not in df:
-        return dict(long=dict(n=0, median=float("nan"), p95=float("nan")),
-                    short=dict(n=0, median=float("nan"), p95=float("nan")), trials=0)
-    ok = df[(df["status"] == "ok") & (df["n_trials"] >= 2)
-            & ~df["gpu"].astype(str).str.startswith("cpu")]  # the interpreter's clock: no time
-    for name, part in (("long", ok[ok["ms_median"] >= split_ms]),
-                       ("short", ok[ok["ms_median"] < split_ms])):
-        ratio = part["ms_trial_max"] / part["ms_trial_min"]
-        out[name] = dict(n=len(part), median=ratio.median() if len(part) else float("nan"),
-                         p95=ratio.quantile(0.95) if len(part) else float("nan"))
-    # The op whose long rows spread the most (95th percentile), and the rest without it.
-    long = ok[ok["ms_median"] >= split_ms]
-    long = long.assign(ratio=long["ms_trial_max"] / long["ms_trial_min"])
-    by_op = long.groupby("op")["ratio"].quantile(0.95) if len(long) else pd.Series(dtype=float)
-    if len(by_op) > 1:
-        worst = by_op.idxmax()
-        out["widest"] = dict(op=worst, p95=by_op[worst],
-                             rest_p95=long[long["op"] != worst]["ratio"].quantile(0.95))
-    out["trials"] = int(ok["n_trials"].max()) if len(ok) else 0
-    return out
-
 
 def main_rows(df: pd.DataFrame) -> pd.DataFrame:
     """A reduction family's rows at its largest row count, where the width sweeps run (4096 in
@@ -572,15 +240,6 @@ def main_rows(df: pd.DataFrame) -> pd.DataFrame:
 def ok_rows(df: pd.DataFrame, sweep: str = "size") -> pd.DataFrame:
     return df[(df["status"] == "ok") & (df["sweep"] == sweep)]
 
-
-def pivot(df: pd.DataFrame, index, value: str = "ms_median") -> pd.DataFrame:
-    """Implementations as columns, in the report's order."""
-    keys = [index] if isinstance(index, str) else list(index)
-    if df.duplicated(keys + ["impl"]).any():
-        raise AmbiguousRows(f"pivot on {keys}: several rows per implementation; add the shape "
-                            "column that tells them apart")
-    p = df.pivot_table(index=index, columns="impl", values=value, aggfunc="first")
-    return p[[c for c in IMPL_ORDER if c in p.columns] + [c for c in p.columns if c not in IMPL_ORDER]]
 
 
 def num(v: float, digits: int = 3) -> str:
@@ -637,8 +296,8 @@ def tbps(gbps: float) -> str:
 
 
 def missing(value) -> bool:
-    """A value the data does not hold: NaN, None or `MISSING`."""
-    if value is None or value is MISSING:
+    """A value the data does not hold: NaN or None."""
+    if value is None:
         return True
     try:
         return math.isnan(value)
@@ -646,74 +305,10 @@ def missing(value) -> bool:
         return False
 
 
-class _Missing:
-    """What a chapter's findings hold where the data lacks what they need (a smoke run, a failed
-    configuration): every lookup, operation and format gives it back, shown as "—", so a chapter
-    renders what there is instead of crashing."""
-
-    def _same(self, *args, **kwargs):
-        return self
-
-    __getitem__ = __getattr__ = __call__ = _same
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
-    __truediv__ = __rtruediv__ = __neg__ = __pow__ = _same
-
-    def __format__(self, spec):
-        return "—"
-
-    def __str__(self):
-        return "—"
-
-    __repr__ = __str__
-
-    def __iter__(self):
-        return iter(())
-
-    def __len__(self):
-        return 0
-
-    def __bool__(self):
-        return False
-
-    def __float__(self):
-        return math.nan
-
-    def __lt__(self, other):
-        return False
-
-    __le__ = __gt__ = __ge__ = __lt__
-
-
-MISSING = _Missing()
-
-
-class Values(dict):
-    """A dict of findings whose absent keys read as MISSING."""
-
-    def __missing__(self, key):
-        return MISSING
-
-
-def _tolerant(value):
-    if isinstance(value, dict) and not isinstance(value, Values):
-        return Values({k: _tolerant(v) for k, v in value.items()})
-    return value
-
 
 class AmbiguousRows(Exception):
-    """A selection meant to pick one configuration matched several: a report bug (e.g. a width
-    measured at two row counts), never read as "not measured". Deliberately not a ValueError,
-    which `findings_or_missing` takes for missing data."""
-
-
-def findings_or_missing(findings, *args, **kwargs):
-    """`findings(*args)` with every dict in it reading absent keys as MISSING, or MISSING where
-    the data lacks a configuration it reads (KeyError, IndexError: a smoke run's sizes, a family
-    whose headline rows failed)."""
-    try:
-        return _tolerant(findings(*args, **kwargs))
-    except (KeyError, IndexError, ValueError, ZeroDivisionError):
-        return MISSING
+    """A selection meant to pick one configuration matched several: a book bug (e.g. a width
+    measured at two row counts), never read as "not measured"."""
 
 
 class Markdown(str):
@@ -730,22 +325,12 @@ _NAN = re.compile(r"(?<![\w.])-?(nan|inf)(?![\w])", re.I)
 
 def md(value, fmt: str | None = None) -> Markdown:
     """Format a value for inline use in prose: `{python} md(x, '.2f')`. A value the data lacks
-    (NaN, inf, MISSING), also inside an already formatted string, shows as "—"."""
+    (NaN, inf), also inside an already formatted string, shows as "—"."""
     if missing(value) or (isinstance(value, str) and not value.strip()):
         return Markdown("—")
     text = format(value, fmt) if fmt else str(value)
     return Markdown(_NAN.sub("—", text))
 
-
-def value_at(df: pd.DataFrame, impl: str, column: str = "ms_median", **where) -> float:
-    """The one value of `column` for `impl` in the rows matching `where` (NaN if none ran)."""
-    sel = df[df["impl"] == impl]
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    sel = sel[sel["status"] == "ok"]
-    if len(sel) > 1:  # two shapes (or runs) match: name the one meant rather than take either
-        raise AmbiguousRows(f"value_at({impl!r}, {column!r}, {where}): {len(sel)} rows match")
-    return float(sel[column].iloc[0]) if len(sel) else float("nan")
 
 
 def device_ms(df: pd.DataFrame) -> pd.Series:

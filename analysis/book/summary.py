@@ -125,8 +125,8 @@ def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> 
     quad = table[table["_family"].isin(["attention", "softmax_matmul"])].dropna(subset=["measured"])
     if len(quad):
         say["quadratic"] = (
-            f"**The largest wins come where the intermediate is quadratic.** Attention's scores "
-            f"and softmax(X) @ V's probabilities never reach memory in the fused kernels: "
+            "**The largest wins come where the intermediate is quadratic.** Attention's scores "
+            "and softmax(X) @ V's probabilities never reach memory in the fused kernels: "
             + "; ".join(f"{r.family} {r.measured:.2f}× faster than unfused"
                         + (f", peak memory {D.num(r.peak_eager)} → {D.num(r.peak_fused)} MiB "
                            "against eager" if r.peak_eager == r.peak_eager and r.peak_fused == r.peak_fused else "")

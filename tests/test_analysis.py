@@ -215,8 +215,8 @@ def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
                    "max_rel_err"]:
         assert column in table.schema.names
     df = table.to_pandas()
-    assert set(df["impl"]) == {"torch_eager", "torch_compile", "torch_compile_max",
-                               "triton_unfused", "triton_fused"}
+    # No max-autotune in the smoke grid: its search would be most of a toy run's time.
+    assert set(df["impl"]) == {"torch_eager", "torch_compile", "triton_unfused", "triton_fused"}
     assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["impl", "error"]]
     assert (df["ms_median"] > 0).all() and (df["max_rel_err"] < 1e-3).all()
     assert set(df["sweep"]) == {"size", "block"}

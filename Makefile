@@ -34,7 +34,7 @@ BOOK_PDF := kernel-fusion-in-triton.pdf
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test test-report bench profile seed002 render report smoke-data clean
+.PHONY: help setup test test-all test-report bench profile seed002 render report smoke-data clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
@@ -56,7 +56,10 @@ $(VENV)/.installed: requirements.txt
 	fi
 	@touch $@
 
-test: setup ## correctness tests (GPU if present, else Triton's interpreter on the CPU)
+test: setup ## fast correctness tests: every op and kernel path on the fewest shapes (GPU if present, else the interpreter)
+	$(RUN_PY) -m pytest -q -m "not full" tests
+
+test-all: setup ## every correctness test: the whole matrix of shapes, dtypes and options (what CI runs)
 	$(RUN_PY) -m pytest -q tests
 
 bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into results/runs/<time>/

@@ -13,6 +13,65 @@ import pytest  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+# Two tiers. `make test` (pytest -m "not full") runs every public op, every kernel path the plans
+# can pick, the input checks and the pipeline, each on the fewest shapes, dtypes and options that
+# reach it; `make test-all` (no -m) adds the cases marked FULL: the rest of each matrix.
+FULL = pytest.mark.full
+
+
+def full(*values):
+    """Parameter values of the full tier only, for a one-name parametrize (a tuple is one value)."""
+    return [pytest.param(v, marks=FULL) for v in values]
+
+
+def fast_cases(keep=None):
+    """Decorates a parametrised test: `make test` runs the cases for which keep(**params) is true,
+    the rest are marked FULL. keep=None: the fewest cases that give every parameter each of its
+    values once (case i takes the i-th value of every parametrize list, cycling): 9 cases of
+    9 methods x 5 shapes x 3 dtypes, not 135."""
+    def mark(fn):
+        fn._fast_cases = keep or _each_value_once
+        return fn
+    return mark
+
+
+def _each_value_once(**_):
+    raise AssertionError("resolved from the cases' positions in pytest_collection_modifyitems")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
+def pytest_collection_modifyitems(items):
+    by_test = {}
+    for item in items:
+        keep = getattr(getattr(item, "function", None), "_fast_cases", None)
+        if keep is not None and hasattr(item, "callspec"):
+            by_test.setdefault((item.path, item.originalname), []).append(item)
+    for cases in by_test.values():
+        keep = cases[0].function._fast_cases
+        if keep is _each_value_once:
+            # Each parametrize list's cases numbered in the order the test's cases first take
+            # them (the list's order); the names of one list ("a, b") taken together.
+            lists = [[n.strip() for n in (m.args[0].split(",") if isinstance(m.args[0], str)
+                                          else m.args[0])]
+                     for m in cases[0].iter_markers("parametrize")]
+            numbers = {}
+            index = []
+            for item in cases:
+                idx = {}
+                for names in lists:
+                    key = tuple(id(item.callspec.params[n]) for n in names)
+                    seen = numbers.setdefault(names[0], {})
+                    idx[names[0]] = seen.setdefault(key, len(seen))
+                index.append(idx)
+            most = max(len(n) for n in numbers.values())
+            chosen = [any(all(i == k % len(numbers[name]) for name, i in idx.items())
+                          for k in range(most)) for idx in index]
+        else:
+            chosen = [keep(**item.callspec.params) for item in cases]
+        for item, fast in zip(cases, chosen):
+            if not fast:
+                item.add_marker(FULL)
+
 
 @pytest.fixture
 def device():
@@ -58,7 +117,7 @@ def reference_before_softmax_backward(dst):
 
     import pandas as pd
 
-    from triton_fusion_report.analysis import report as R
+    from triton_fusion_report.analysis.book import data as R
 
     dst = Path(dst)
     shutil.copytree(R.REFERENCE, dst)

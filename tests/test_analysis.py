@@ -295,6 +295,20 @@ def test_softmax_backward_problems():
         assert fused.bytes_impl == (5 if width > smb.MAX_ONE_TILE else 3) * e
 
 
+def smoke_problems(family, op=None):
+    """The problems `--grid smoke --family FAMILY [--op OP]` measures, with the variants the run
+    takes (cli.select_problems: no max-autotune in the smoke grid)."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(grid="smoke", family=[family], op=[op] if op else None, where=None)
+    return cli.select_problems(args)
+
+
+def bwd_rows():
+    """The rows of one softmax_bwd problem of the smoke grid: one per implementation."""
+    return len(smoke_problems("softmax", "softmax_bwd")[0].variants)
+
+
 @pytest.fixture
 def tiny_softmax_grid(monkeypatch):
     """Two shapes: a one-tile row (float16) and a two-pass row (float32) of the fused backward."""
@@ -317,7 +331,7 @@ def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid
     df = table.to_pandas()
     assert set(df["op"]) == {"softmax_bwd"} and set(df["direction"]) == {"bwd"}
     assert ok_or_peer_missing(df), df[df["status"] != "ok"][["impl", "error"]]
-    assert len(df) == 2 * 7
+    assert len(df) == 2 * bwd_rows()
     fused = df[df["impl"] == "triton_fused"].set_index("width")["variant"]
     assert fused.to_dict() == {16400: "two_pass", 33: "one_tile"}
     assert (df["bytes_model"] == 3 * df["rows"] * df["width"] * df["dtype"].map(
@@ -704,7 +718,7 @@ def test_workers_share_the_problems_and_merge(tmp_path):
     assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
                      "--workers", "2", "--no-progress"]) == 0
     df = pd.read_parquet(out / "elementwise.parquet")
-    expected = sum(len(p.variants) for p in cli.FAMILIES["elementwise"]("smoke"))
+    expected = sum(len(p.variants) for p in smoke_problems("elementwise"))
     keys = ["op", "impl", "dtype", "n", "z_kind", "sweep", "block"]
     assert len(df) == expected and not df.duplicated(keys).any()
     assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["impl", "error"]]
@@ -747,7 +761,7 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
             "--workers", "1"]  # one process unless a test says more (a later --workers wins)
-    problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
+    problems = smoke_problems("softmax", "softmax_bwd")
     assert len(problems) >= 2
     real = _dies_in_the_second_problem(monkeypatch)
     part = out / ".parts" / "worker0"
@@ -813,7 +827,8 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
         assert cli.main(["--out", str(out), *base, "--resume"]) == 0
         assert "1 of 2 problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert len(df) == 2 * 7 and not df.duplicated(["impl", "dtype", "rows", "width"]).any()
+    assert len(df) == 2 * bwd_rows()
+    assert not df.duplicated(["impl", "dtype", "rows", "width"]).any()
     assert pd.read_parquet(out / "limits.parquet").run_id.nunique() == 1
     assert not (out / ".parts").exists()
 
@@ -871,10 +886,10 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code not in (0, None) and "workers [0] failed" in str(exit_.value.code)
-    assert len(pd.read_parquet(out / "softmax.parquet")) == 7 + 1
+    assert len(pd.read_parquet(out / "softmax.parquet")) == bwd_rows() + 1
     monkeypatch.setattr(sweep, "_run_problem", real)
     assert cli.main(argv + ["--resume"]) == 0
-    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * 7
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * bwd_rows()
 
 
 @two_workers
@@ -987,19 +1002,19 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
         cli.main(argv)
     first = pd.read_parquet(out / "softmax.parquet")
     run_id = first["run_id"].iloc[0]
-    assert len(first) == 7 + 1 and pd.read_parquet(out / "runs.parquet")["status"].tolist() == [
-        "running"]
+    assert len(first) == bwd_rows() + 1
+    assert pd.read_parquet(out / "runs.parquet")["status"].tolist() == ["running"]
     n_limits = len(pd.read_parquet(out / "limits.parquet"))
 
     monkeypatch.setattr(sweep, "_run_problem", real)
     assert cli.main(argv + ["--resume"]) == 0
     assert "1 of 2 problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert set(df["run_id"]) == {run_id} and len(df) == 2 * 7
+    assert set(df["run_id"]) == {run_id} and len(df) == 2 * bwd_rows()
     assert not df.duplicated(["impl", "dtype", "rows", "width", "variant"]).any()
     assert len(pd.read_parquet(out / "limits.parquet")) == n_limits  # not measured again
     runs = pd.read_parquet(out / "runs.parquet")
-    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == 14
+    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == 2 * bwd_rows()
     assert runs["argv"].iloc[0].count("--op softmax_bwd") == 2
 
     with pytest.raises(SystemExit, match="no unfinished run"):
@@ -1038,10 +1053,12 @@ def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_so
     monkeypatch.setattr(sweep, "_run_problem", second_process_meanwhile)
     assert cli.main(argv) == 0
     assert refused
-    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * 7
-    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [14]
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * bwd_rows()
+    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [2 * bwd_rows()]
 
 
+@FULL
+@two_workers
 def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monkeypatch, capsys):
     """A worker killed while it measured the limits left a running record and nothing else:
     --resume --workers 2 takes it as stopped (it has no rows to check or adopt) and measures
@@ -1051,7 +1068,7 @@ def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monk
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
             "--workers", "1"]  # one process unless a test says more (a later --workers wins)
-    problems = [p for p in cli.FAMILIES["softmax"]("smoke") if p.op == "softmax_bwd"]
+    problems = smoke_problems("softmax", "softmax_bwd")
     real = machine.measure_limits
 
     def killed(*args, **kwargs):

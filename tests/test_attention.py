@@ -5,7 +5,7 @@ import torch
 
 from triton_fusion_report import kernels
 
-from conftest import TOL, rel_err
+from conftest import TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels import _common as C
 from triton_fusion_report.kernels import flash_attention as at
@@ -31,6 +31,7 @@ def qkv(shape, dtype, device, scale=1.0):
     return tuple(torch.randn(shape, device=device, dtype=dtype) * scale for _ in range(3))
 
 
+@fast_cases()
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seq", SEQS)
@@ -42,6 +43,7 @@ def test_fused_matches_float64(dtype, causal, seq, head_dim, device):
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[dtype]
 
 
+@fast_cases(lambda dtype, causal, seq: (dtype, causal, seq) == (torch.bfloat16, True, 100))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seq", [37, 100])
@@ -52,13 +54,14 @@ def test_unfused_matches_float64(dtype, causal, seq, device):
     assert rel_err(out, ref64(q, k, v, causal)) <= UNFUSED_TOL[dtype]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [*full(False), True])
 def test_public_function(causal, device):
     q, k, v = qkv((2, 3, 50, 64), torch.float16, device)
     out = kernels.attention(q, k, v, causal=causal)
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
 
 
+@fast_cases(lambda block_m, block_n, causal: (block_m, block_n, causal) == (32, 16, True))
 @pytest.mark.parametrize("block_m, block_n", [(16, 16), (32, 16), (64, 32), (64, 64), (16, 32)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_sizes(block_m, block_n, causal, device):
@@ -71,7 +74,7 @@ def test_block_sizes(block_m, block_n, causal, device):
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("head_dim", [8, 32, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [8, *full(32, 96, 128), 256])
 def test_head_dims(head_dim, device):
     """Powers of two run natively; 8 and 96 are padded (to 16 and 128) with zero columns."""
     q, k, v = qkv((1, 1, 40, head_dim), torch.bfloat16, device)
@@ -84,6 +87,7 @@ def _views_of_one_projection(batch, seq, heads, dim, device, dtype=torch.float16
     return tuple(qkv_[:, :, i].transpose(1, 2) for i in range(3))
 
 
+@fast_cases(lambda layout, causal: (layout, causal) == ("grouped_kv_cache", True))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "qkv_views", "grouped_kv_cache", "head_dim_20"])
 def test_without_tma(layout, causal, device, monkeypatch):
@@ -111,6 +115,7 @@ def test_without_tma(layout, causal, device, monkeypatch):
         assert rel_err(g, w) <= 2 * FUSED_TOL[q.dtype]
 
 
+@fast_cases(lambda layout, causal: (layout, causal) in (("contiguous", True), ("qkv_views", False)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "qkv_views", "grouped_kv_cache", "head_dim_20"])
 def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
@@ -150,7 +155,7 @@ def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, *full(True)])
 def test_tuned_launch(causal, device, monkeypatch):
     """The GPU's default path (tuning, descriptor blocks, pruning) under the interpreter, with
     the timing replaced by one plain run of each config; a new length in the same bucket reuses
@@ -180,7 +185,7 @@ def test_tuned_launch(causal, device, monkeypatch):
     assert at.seq_bucket(100) == at.seq_bucket(128) == 128 < at.seq_bucket(129)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, *full(True)])
 def test_large_scores_are_stable(causal, device):
     """Scores of several hundred (exp overflows float32 without the running max); the largest
     key comes last, so the max jumps between tiles and the accumulator must be rescaled."""
@@ -200,6 +205,7 @@ def test_sm_scale(device):
     assert torch.equal(kernels.attention(q, k, v), kernels.attention(q, k, v, sm_scale=0.125))
 
 
+@fast_cases(lambda scale, causal, impl: (scale, causal, impl) == (-2.0, True, "fused"))
 @pytest.mark.parametrize("impl", ["fused", "unfused"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scale", [-0.125, -2.0, 0.0])
@@ -232,6 +238,8 @@ def _public_and_float64_grads(q, k, v, dout, causal):
     return got, want
 
 
+@fast_cases(lambda shape, causal, dtype: (shape, causal, dtype) == ((2, 1, 64, 80), True,
+                                                                   torch.bfloat16))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2, 37, 64), (2, 1, 64, 80), (1, 1, 5, 16)])
@@ -247,7 +255,7 @@ def test_backward_matches_float64(shape, causal, dtype, device):
         assert rel_err(g, w) <= 2 * FUSED_TOL[dtype]
 
 
-@pytest.mark.parametrize("scale", [-0.5, 0.3])
+@pytest.mark.parametrize("scale", [-0.5, *full(0.3)])
 def test_backward_scale(scale, device):
     q, k, v = qkv((1, 2, 40, 32), torch.float16, device)
     dout = torch.randn_like(q)
@@ -265,6 +273,8 @@ GQA_SHAPES = [((1, 4, 37, 32), (1, 2, 37, 32)), ((2, 4, 20, 16), (2, 1, 20, 16))
               ((2, 4, 5, 16), (2, 2, 33, 16))]
 
 
+@fast_cases(lambda q_shape, kv_shape, causal, impl: (q_shape, causal, impl) == (
+    GQA_SHAPES[4][0], True, "unfused"))  # the fused forward: in the backward's test below
 @pytest.mark.parametrize("impl", ["fused", "unfused"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("q_shape, kv_shape", GQA_SHAPES)
@@ -279,6 +289,7 @@ def test_grouped_heads_and_kv_cache(q_shape, kv_shape, causal, impl, device):
     assert out.shape == q.shape and rel_err(out, ref64(q, k, v, causal)) <= tol
 
 
+@fast_cases(lambda q_shape, kv_shape, causal: (q_shape, causal) == (GQA_SHAPES[4][0], True))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("q_shape, kv_shape", GQA_SHAPES)
 def test_grouped_heads_and_kv_cache_backward(q_shape, kv_shape, causal, device):
@@ -297,6 +308,8 @@ DECODE_SHAPES = [((1, 4, 1, 64), (1, 1, 300, 64)), ((2, 2, 3, 40), (2, 2, 150, 4
                  ((1, 8, 2, 16), (1, 4, 129, 16))]
 
 
+@fast_cases(lambda q_shape, kv_shape, causal, splits: (q_shape, causal, splits) in (
+    (DECODE_SHAPES[1][0], True, 1), (DECODE_SHAPES[2][0], False, 3)))
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("q_shape, kv_shape", DECODE_SHAPES)
@@ -337,7 +350,7 @@ def test_decoding_is_the_default_for_few_queries(device, monkeypatch):
     assert calls and rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [*full(False), True])
 def test_decoding_backward(causal, device):
     """Gradients through the split-key forward (the backward reads its log-sum-exp)."""
     q = torch.randn(1, 4, 2, 32, device=device, dtype=torch.float16)
@@ -359,6 +372,7 @@ def test_bottom_right_causal_matches_sdpa(device):
     assert rel_err(at.reference(q, k, v, True), want) <= 1e-5
 
 
+@fast_cases(lambda head_dim, causal: (head_dim, causal) == (100, True))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [1, 3, 20, 100])
 def test_any_head_dim(head_dim, causal, device):
@@ -374,7 +388,7 @@ def test_any_head_dim(head_dim, causal, device):
         assert g.shape == w.shape and rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [*full(False), True])
 def test_views_of_one_qkv_projection(causal, device):
     """q, k, v as views of one (batch, seq, 3, heads, dim) projection, the layout of nearly every
     model: read in place (no copy), forward and gradients as for contiguous copies."""
@@ -388,7 +402,7 @@ def test_views_of_one_qkv_projection(causal, device):
         assert rel_err(g, w) <= 2 * FUSED_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, *full(True)])
 def test_backward_reads_strided_views(causal, device):
     """The backward kernels read q, k, v and dout at their own strides: grouped heads from views of
     one projection, a transposed dout, and a KV cache longer than the queries; gradients against
@@ -508,6 +522,7 @@ def test_cached_checks_still_refuse(device):
         at.triton_fused(q, k, v, 0, 0.5)
 
 
+@fast_cases(lambda causal, no_tma: causal and not no_tma)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("no_tma", [False, True])
 def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
@@ -531,6 +546,8 @@ def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
     assert torch.allclose(lse.double(), want, rtol=1e-3, atol=1e-3)
 
 
+@fast_cases(lambda dtype, shape, kv_heads, sm_scale, lse: (dtype, lse, sm_scale) in (
+    (torch.bfloat16, True, None), (torch.float16, False, -0.05)))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape,kv_heads,sm_scale,lse", [
     ((1, 2, 256, 128), 2, None, False),

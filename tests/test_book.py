@@ -22,6 +22,7 @@ from triton_fusion_report.analysis import book  # noqa: E402
 from triton_fusion_report.analysis.book import data as D  # noqa: E402
 from triton_fusion_report.analysis.schema import FAMILY_SHAPES  # noqa: E402
 
+from conftest import FULL  # noqa: E402
 from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,10 +136,12 @@ def _without(tmp: Path, seed: int, how: str) -> Path:
     return tmp
 
 
-REMOVALS = [(how, seed) for how in ("families", "rows", "configs", "impls", "failed") for seed in (0, 1)]
+# Each kind once in `make test`, its second seed in `make test-all`.
+REMOVALS = [pytest.param(how, seed, id=f"{how}-{seed}", marks=[FULL] if seed else [])
+            for how in ("families", "rows", "configs", "impls", "failed") for seed in (0, 1)]
 
 
-@pytest.mark.parametrize("how,seed", REMOVALS, ids=[f"{h}-{s}" for h, s in REMOVALS])
+@pytest.mark.parametrize("how,seed", REMOVALS)
 def test_every_chapter_with_rows_removed(tmp_path, how, seed):
     folder = _without(tmp_path, seed, how)
     for qmd in CHAPTERS:

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import FULL
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@FULL  # about a minute on two cores
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the suite compiles every kernel")
 def test_every_launch_compiles_for_sm90(tmp_path):
     specs = tmp_path / "specs.json"

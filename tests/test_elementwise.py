@@ -4,7 +4,7 @@ import torch
 from triton_fusion_report import kernels
 from triton_fusion_report.kernels import elementwise as ew
 
-from conftest import TOL, rel_err
+from conftest import TOL, fast_cases, full, rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # length 1, odd, a power of two and one past it, several blocks
@@ -16,6 +16,7 @@ def ref64(x, y, z):
     return (x.double() + y.double()) * z64
 
 
+@fast_cases()
 @pytest.mark.parametrize("impl", [ew.triton_fused, ew.triton_unfused, kernels.add_mul])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", LENGTHS)
@@ -29,14 +30,15 @@ def test_matches_float64(impl, dtype, n, z_kind, device):
     assert rel_err(out, ref64(x, y, z)) <= 2 * TOL[dtype]
 
 
-@pytest.mark.parametrize("block", [16, 128, 1024, 4096])
+@pytest.mark.parametrize("block", full(16, 128, 1024, 4096))
 def test_block_sizes(block, device):
     x, y, z = (torch.randn(5003, device=device) for _ in range(3))
     for impl in (ew.triton_fused, ew.triton_unfused):
         assert rel_err(impl(x, y, z, block=block), ref64(x, y, z)) <= TOL[torch.float32]
 
 
-@pytest.mark.parametrize("z_shape", [(), (1,), (1, 1), (33,), (1, 33), (5, 1), (5, 33)])
+# One of each z layout: one element, periodic (a row), expanded first (a column).
+@pytest.mark.parametrize("z_shape", [(), (33,), (5, 1), *full((1,), (1, 1), (1, 33), (5, 33))])
 def test_broadcast_z(z_shape, device):
     x = torch.randn(5, 33, device=device)
     y = torch.randn(5, 33, device=device)

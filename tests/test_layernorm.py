@@ -6,7 +6,7 @@ from triton_fusion_report import kernels
 from triton_fusion_report.kernels import _common, layernorm as ln, ops
 from triton_fusion_report.kernels import layernorm_backward as lnb, layernorm_forward as lnf
 
-from conftest import TOL, rel_err
+from conftest import TOL, fast_cases, full, rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # length 1, odd, a power of two and one past it, a multiple of a tile plus a remainder
@@ -58,6 +58,9 @@ def check_one_column_dbias(got, want, dy, dtype):
     assert (got.double() - want).abs().max().item() <= bound
 
 
+@fast_cases(lambda impl, dtype, n: (impl, dtype, n) in (
+    (ln.triton_fused, torch.float32, 1025), (ln.triton_unfused, torch.float16, 7),
+    (kernels.layer_norm, torch.bfloat16, 3 * 64 + 5)))
 @pytest.mark.parametrize("impl", [ln.triton_fused, ln.triton_unfused, kernels.layer_norm])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", WIDTHS)
@@ -69,6 +72,8 @@ def test_forward_matches_float64(impl, dtype, n, device):
     assert rel_err(out, ref64(x, w, b)) <= slack * TOL[dtype]
 
 
+@fast_cases(lambda impl, affine, block: (impl, affine, block) in (
+    (ln.triton_fused, "bias", 16), (ln.triton_unfused, "none", None)))
 @pytest.mark.parametrize("impl", [ln.triton_fused, ln.triton_unfused])
 @pytest.mark.parametrize("affine", AFFINE)
 @pytest.mark.parametrize("block", [None, 16])
@@ -79,6 +84,7 @@ def test_forward_affine_and_tiles(impl, affine, block, device):
     assert rel_err(out, ref64(x, w, b, 1e-3)) <= UNFUSED_SLACK * TOL[torch.float32]
 
 
+@fast_cases(lambda dtype, n: (dtype, n) in ((torch.float32, 1), (torch.bfloat16, 1025)))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 256, 1025])
 def test_backward_matches_float64(dtype, n, device):
@@ -101,6 +107,7 @@ def test_backward_matches_float64(dtype, n, device):
     assert_close_grads(got, want, dtype)
 
 
+@fast_cases(lambda affine, n, dtype: (affine, dtype) == ("none", torch.float32))
 @pytest.mark.parametrize(
     "affine, n, dtype",
     [(a, 50 if a == "weight+bias" else 40, torch.float32) for a in AFFINE]
@@ -117,6 +124,8 @@ def test_backward_looping(affine, n, dtype, device):
                        dtype)
 
 
+@fast_cases(lambda n, dtype, sms: (n, dtype, sms) in ((300, torch.float32, 1),
+                                                     (1025, torch.bfloat16, 3)))
 @pytest.mark.parametrize("sms", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 40, 300, 1025])
@@ -139,6 +148,7 @@ def test_few_programs(n, dtype, sms, device, monkeypatch):
         assert rel_err(ln.triton_fused(xs, w, b), ref64(xs, w, b)) <= 2 * TOL[dtype]
 
 
+@fast_cases(lambda rows, n, sms: sms is None)
 @pytest.mark.parametrize("rows, n, sms", [(37, 7, None), (45, 300, 3), (50, 40, 100)])
 def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
     """bwd_groups(rows) (the traffic model's partial-sum rows) is the partial buffer's size,
@@ -157,6 +167,7 @@ def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
     assert (2, ln.bwd_groups(rows, device), n) in shapes
 
 
+@fast_cases(lambda groups, block: (groups, block) in ((3, None), (100, 16)))
 @pytest.mark.parametrize("groups", [1, 3, 21, 100])
 @pytest.mark.parametrize("block", [None, 16])
 def test_backward_groups(groups, block, device):
@@ -168,6 +179,7 @@ def test_backward_groups(groups, block, device):
                        torch.float32)
 
 
+@fast_cases(lambda n, dtype: (n, dtype) == (20_000, torch.bfloat16))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [16381, 20_000])
 def test_long_rows(n, dtype, device):
@@ -198,6 +210,7 @@ def test_grad_of_only_some_inputs(device):
     assert rel_err(wg.grad, w64.grad) <= 2 * TOL[torch.float32]
 
 
+@fast_cases(lambda offset, dtype, block: (offset, dtype, block) == (1e6, torch.float32, None))
 @pytest.mark.parametrize("offset", [1e2, 1e4, 1e6])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [None, 16])
@@ -219,7 +232,7 @@ def test_large_mean(offset, dtype, block, device):
     assert rel_err(ln.triton_unfused(x, w, b, block=block), ref) <= bar
 
 
-@pytest.mark.parametrize("impl", [ln.triton_fused, ln.triton_unfused])
+@pytest.mark.parametrize("impl", [ln.triton_fused, *full(ln.triton_unfused)])
 def test_shapes_and_strides(impl, device):
     x3, w, b = make((2, 3, 33), torch.float32, device)
     assert rel_err(impl(x3, w, b), ref64(x3, w, b)) <= 2 * TOL[torch.float32]

@@ -9,7 +9,7 @@ from triton_fusion_report.kernels import matmul_core as mc
 from triton_fusion_report.kernels import softmax_regression as sr
 from triton_fusion_report.kernels import stored_softmax
 
-from conftest import rel_err
+from conftest import FULL, fast_cases, full, rel_err
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # max |out - ref| / max |ref| against float64, by dtype (float32: by dot precision). The
@@ -63,6 +63,7 @@ def check_probs(out, x, w, b, limit, stored=False):
 # --------------------------------------------------------------------------- matmul + softmax
 
 
+@fast_cases()
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", MS_SHAPES)
 @pytest.mark.parametrize("method", FUSED_METHODS + ["auto", "unfused", "public"])
@@ -80,6 +81,7 @@ def test_matmul_softmax_matches_float64(method, shape, dtype, device):
     check_probs(out, x, w, b, tol(dtype), stored=method in STORED)
 
 
+@fast_cases(lambda method: method == "online")
 @pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
 def test_matmul_softmax_without_bias(method, device):
     x, w, _ = ms_inputs(33, 70, 50, torch.float32, device)
@@ -90,6 +92,7 @@ def test_matmul_softmax_without_bias(method, device):
     check_probs(out, x, w, None, TOL["ieee"])
 
 
+@fast_cases(lambda method, dtype: (method, dtype) == ("online", torch.float32))
 @pytest.mark.parametrize("method", ["online", "two_pass_store"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
@@ -99,7 +102,7 @@ def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
     check_probs(out, x, w, b, tol(dtype), stored=method == "two_pass_store")
 
 
-@pytest.mark.parametrize("method", ["online", "two_pass_store"])
+@pytest.mark.parametrize("method", [*full("online"), "two_pass_store"])
 def test_matmul_softmax_many_class_tiles(method, device):
     """More than 128 class tiles: the combine kernel loops over them."""
     x, w, b = ms_inputs(3, 5, 2100, torch.float32, device)
@@ -107,6 +110,7 @@ def test_matmul_softmax_many_class_tiles(method, device):
     check_probs(out, x, w, b, TOL["ieee"])
 
 
+@fast_cases(lambda method: method == "two_pass_store")
 @pytest.mark.parametrize("method", FUSED_METHODS)
 def test_matmul_softmax_masked_class_tile(method, device):
     """Whole class tiles of -inf logits (a -inf bias masking classes; float16 logits that round
@@ -123,6 +127,7 @@ def test_matmul_softmax_masked_class_tile(method, device):
     assert torch.isfinite(out).all() and not out[:, 16:32].any()
 
 
+@FULL
 def test_matmul_softmax_tiled_blocks(device):
     x, w, b = ms_inputs(50, 70, 129, torch.float16, device)
     out = sr.matmul_softmax_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,
@@ -140,6 +145,7 @@ def test_matmul_softmax_unfused_long_rows(device):
     check_probs(out, x, w, b, TOL["ieee"])
 
 
+@fast_cases(lambda method: method == "tiled")
 @pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
 def test_matmul_softmax_tf32(method, device):
     x, w, b = ms_inputs(33, 70, 50, torch.float32, device)
@@ -150,6 +156,7 @@ def test_matmul_softmax_tf32(method, device):
     check_probs(out, x, w, b, TOL["tf32"])
 
 
+@fast_cases(lambda method: method == "two_pass_store")
 @pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
 def test_matmul_softmax_strided_operands(method, device):
     """Any strides: an F.linear-layout weight passed transposed, column-major x, strided bias."""
@@ -166,6 +173,7 @@ def test_matmul_softmax_strided_operands(method, device):
     check_probs(out, x, w, b, TOL["ieee"])
 
 
+@fast_cases(lambda method: method in ("split_k", "unfused"))
 @pytest.mark.parametrize("method", FUSED_METHODS + ["unfused"])
 def test_matmul_softmax_empty_dims(method, device):
     fused = method != "unfused"
@@ -184,6 +192,7 @@ def test_matmul_softmax_empty_dims(method, device):
     check_probs(run(x, w, b), x, w, b, TOL["ieee"])
 
 
+@fast_cases(lambda method, dtype: (method, dtype) == ("online", torch.bfloat16))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("method", ["tiled", "online"])
 def test_fused_half_is_no_worse_than_eager(method, dtype, device):
@@ -196,7 +205,7 @@ def test_fused_half_is_no_worse_than_eager(method, dtype, device):
     assert fused <= eager
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, *full(torch.float16, torch.bfloat16)])
 def test_matmul_softmax_split_k(dtype, device, monkeypatch):
     """split_k: two K slices, the second shorter and ending in a partial K tile (K = 300: 10 tiles
     of 32, slices of 160 and 140), x transposed (K strided), a strided bias, several class tiles
@@ -301,6 +310,9 @@ def la_ref64(x, w, b, activation):
                                    activation)
 
 
+@fast_cases(lambda impl, bias, activation, dtype: (impl, bias, activation, dtype) in (
+    ("fused", True, "relu", torch.float32), ("unfused", False, "gelu", torch.float16),
+    ("public", True, "gelu_tanh", torch.bfloat16)))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "none"])
 @pytest.mark.parametrize("bias", [True, False])
@@ -319,7 +331,7 @@ def test_linear_act_matches_float64(impl, bias, activation, dtype, device):
     assert rel_err(out, la_ref64(x, w, b, activation)) <= limit
 
 
-@pytest.mark.parametrize("impl", [la.linear_act_fused, la.linear_act_unfused])
+@pytest.mark.parametrize("impl", [la.linear_act_fused, *full(la.linear_act_unfused)])
 def test_linear_act_ieee_and_blocks(impl, device):
     """IEEE float32; several tiles in both dims, partial groups, K not a multiple of block_k."""
     x, w, b = la_inputs(70, 40, 50, torch.float32, device)
@@ -328,7 +340,8 @@ def test_linear_act_ieee_and_blocks(impl, device):
     assert rel_err(out, la_ref64(x, w, b, "gelu")) <= TOL["ieee"]
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 1), (64, 128, 10), (7, 3, 17), (0, 4, 5), (4, 0, 5)])
+@pytest.mark.parametrize("shape", [(1, 1, 1), *full((64, 128, 10), (7, 3, 17), (0, 4, 5)),
+                                   (4, 0, 5)])
 def test_linear_act_odd_shapes(shape, device):
     x, w, b = la_inputs(*shape, torch.float32, device)
     for impl in (la.linear_act_fused, la.linear_act_unfused):
@@ -347,6 +360,7 @@ def test_linear_act_takes_transposed_linear_weight(device):
     assert rel_err(out, ref) <= TOL["tf32"]
 
 
+@fast_cases(lambda x_t, w_t: x_t and w_t)
 @pytest.mark.parametrize("x_t, w_t", [(False, False), (True, False), (False, True), (True, True)])
 def test_tf32_operands_copied_k_major(x_t, w_t, device):
     """tf32 wgmma takes K-major operands only: a K-strided x or weight is copied K-contiguous
@@ -389,6 +403,8 @@ def _kernels_run(monkeypatch):
     return names
 
 
+@fast_cases(lambda dtype, x_t, w_t, split, flatten: (dtype, x_t, w_t, split) in (
+    (torch.float32, False, False, True), (torch.float16, True, True, False)))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("x_t, w_t", [(False, False), (True, True), (False, True)])
 @pytest.mark.parametrize("split, flatten", [(True, False), (False, True)])
@@ -409,6 +425,7 @@ def test_tma_matmul_matches_float64(dtype, x_t, w_t, split, flatten, device, mon
     assert rel_err(out, la_ref64(x, w, b, "gelu")) <= tol(dtype, "tf32")
 
 
+@fast_cases()
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("w_t", [False, True])
 @pytest.mark.parametrize("method", ["online", "two_pass_store", "tiled"])
@@ -553,7 +570,7 @@ def test_device_mismatch_raises():
         kernels.matmul_softmax(torch.ones(2, 3, device="cuda"), torch.ones(3, 4))
 
 
-@pytest.mark.parametrize("method", ["tiled", "two_pass_store"])
+@pytest.mark.parametrize("method", ["tiled", *full("two_pass_store")])
 def test_many_rows_unaligned_classes(method, device):
     """B >= 4096 with C = 10: the weight's 20-byte rows are re-laid out in a padded buffer first."""
     x, w, b = ms_inputs(4096, 16, 10, torch.float16, device)
@@ -564,6 +581,7 @@ def test_many_rows_unaligned_classes(method, device):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="the TMA kernels on a GPU with TMA (sm_90+)")
+@fast_cases(lambda op, shape, kernel: op == "linear_act")
 @pytest.mark.parametrize("op, shape, kernel", [
     ("linear_act", (2048, 64, 2048), "_matmul_tma_kernel"),
     ("matmul_softmax", (2048, 512, 4096), "_matmul_tma_kernel"),  # store_softmax

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from triton_fusion_report import kernels
 
+from conftest import FULL
+
 VOCAB, DIM, HEADS, SEQ, BATCH = 50, 32, 2, 24, 2
 
 
@@ -80,6 +82,7 @@ def test_tiny_transformer_forward_backward(device):
     assert errs["triton"] <= max(2 * errs["torch"], 1e-3), errs
 
 
+@FULL
 def test_tiny_transformer_training_steps(device):
     """Five AdamW steps from the same weights on the same batches: losses within 1% of PyTorch's
     at every step."""

@@ -12,7 +12,7 @@ from triton_fusion_report import kernels
 from triton_fusion_report.kernels import _common as C
 from triton_fusion_report.kernels import flash_attention, softmax_v
 
-from conftest import TOL, rel_err
+from conftest import FULL, TOL, rel_err
 
 CONSUMER_CARD_SHARED = 101376  # bytes a block may use on sm_86 / sm_89 (RTX 30xx / 40xx)
 
@@ -49,6 +49,7 @@ def test_what_fewer_stages_cannot_fix_still_raises(kernel, stages):
         C._fitted(kernel, (1,), (), dict(num_stages=stages))
 
 
+@FULL
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles for a real GPU's shared memory")
 def test_every_op_on_a_consumer_card_profile(monkeypatch):
     """NO_TMA and 99 KB of shared memory a block on this GPU: the deepest-pipelined plans (d3 =

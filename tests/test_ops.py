@@ -8,7 +8,7 @@ from triton_fusion_report import kernels
 from triton_fusion_report.kernels import ops
 from triton_fusion_report.kernels.row_softmax_backward import softmax_backward
 
-from conftest import DEVICE, TOL, rel_err
+from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 
 def _r(*shape, dtype=torch.float32, grad=False):
     t = torch.randn(*shape, device=DEVICE, dtype=dtype)
@@ -53,6 +53,7 @@ def test_opcheck(name):
     torch.library.opcheck(ops.OPS[name], args)
 
 
+@fast_cases(lambda need_dw, need_db: need_dw and need_db)
 @pytest.mark.parametrize("need_dw, need_db", [(True, True), (True, False), (False, False)])
 def test_opcheck_layer_norm_backward(need_dw, need_db):
     """Including the empty stand-ins for gradients not needed (outputs may not alias)."""
@@ -69,6 +70,7 @@ def test_opcheck_attention_backward():
     torch.library.opcheck(ops.OPS["attention_backward"], (q, k, v, out, lse, dout, True, 0.25))
 
 
+@FULL
 def test_opcheck_attention_backward_of_transposed_views():
     """q, k, v as (batch, seq, heads, dim).transpose(1, 2), dense but not contiguous: the fake
     gradients are contiguous like the real ones (were q's strides: Inductor's stride assertion
@@ -108,7 +110,7 @@ def test_compile_errors_keep_their_messages():
 
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", [*full("eager"), "aot_eager"])
 def test_attention_head_dim_stays_dynamic(backend):
     """head_dim marked dynamic compiles (was specialised: the default scale, 1/sqrt(head_dim),
     took math.sqrt of the symbolic size, in the fake's checks and, under AOTAutograd, in the
@@ -222,6 +224,7 @@ def test_add_mul_broadcast_gradients(z_shape):
         assert rel_err(g, w) <= 4 * TOL[torch.float32]
 
 
+@fast_cases(lambda n, dtype: (n, dtype) in ((1024, torch.float32), (20_000, torch.bfloat16)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 37, 1024, 20_000])
 def test_softmax_backward_kernel(n, dtype):
@@ -232,6 +235,7 @@ def test_softmax_backward_kernel(n, dtype):
     assert rel_err(softmax_backward(y, dy), want) <= 4 * TOL[dtype]
 
 
+@fast_cases()
 @pytest.mark.parametrize("path", ["eager", "registered_op"])
 @pytest.mark.parametrize("only_term", [True, False])
 def test_layer_norm_double_backward_refused(only_term, path):
@@ -253,7 +257,7 @@ def test_layer_norm_double_backward_refused(only_term, path):
             torch.autograd.grad(gx.sum(), x)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [*full(torch.float16), torch.bfloat16])
 def test_layer_norm_float32_weight(dtype):
     """fp32 weight and bias with half x, as F.layer_norm takes them: y and dx in x's dtype,
     dweight and dbias in float32."""
@@ -274,6 +278,7 @@ needs_gpu = pytest.mark.skipif(DEVICE.type != "cuda", reason="Inductor and CUDA 
 
 
 @needs_gpu
+@fast_cases(lambda name: name == "attention")  # Inductor compiles each afresh: minutes in all
 @pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][1] is not None])
 def test_inductor_and_cuda_graph(name):
     """On the GPU: fullgraph compile with Inductor (forward and backward) and capture of the

@@ -7,10 +7,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+from conftest import FULL
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "triton_fusion_report"
 
 
+@FULL
 def test_wheel_has_one_top_level_name(tmp_path):
     """The wheel holds triton_fusion_report (with kernels and analysis inside) and nothing else
     at the top: no `kernels` to clash with the PyPI package, no generic `analysis`. Installed,

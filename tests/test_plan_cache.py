@@ -14,6 +14,8 @@ from triton_fusion_report.kernels import row_softmax as sm
 from triton_fusion_report.kernels import softmax_regression as sr
 from triton_fusion_report.kernels import softmax_v as sv
 
+from conftest import full
+
 
 def r(*shape, device, dtype=torch.float32):
     return torch.randn(*shape, device=device, dtype=dtype)
@@ -95,7 +97,7 @@ def _odd_strides(t):
     return odd
 
 
-@pytest.mark.parametrize("fast_launch", [True, False])
+@pytest.mark.parametrize("fast_launch", [True, *full(False)])
 def test_cached_and_uncached_paths_agree(device, fast_launch, monkeypatch):
     """Each public function on layouts that share a key's shape (contiguous with other strides
     on a size-1 dim, strided rows, a transposed weight), twice (the second call from the

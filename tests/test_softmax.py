@@ -5,7 +5,7 @@ import torch
 from triton_fusion_report import kernels
 from triton_fusion_report.kernels._common import interpreting
 
-from conftest import TOL, rel_err
+from conftest import FULL, TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels import row_softmax as sm
 
@@ -23,6 +23,9 @@ def rand(shape, dtype, device, scale=3.0):
     return (torch.randn(shape, device=device) * scale).to(dtype)
 
 
+@fast_cases(lambda impl, dtype, n: (impl, dtype, n) in (
+    (sm.triton_fused, torch.float32, 1025), (sm.triton_unfused, torch.float16, 7),
+    (kernels.softmax, torch.bfloat16, 3 * 64 + 5)))
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", WIDTHS)
@@ -33,6 +36,9 @@ def test_matches_float64(impl, dtype, n, device):
     assert rel_err(out, ref64(x)) <= 2 * TOL[dtype]
 
 
+@fast_cases(lambda kw, n, dtype: (kw.get("block"), kw.get("splits"), n, dtype) in (
+    (16, None, 100, torch.float32), (64, None, 1000, torch.bfloat16),
+    (16, 3, 17, torch.float16), (16, 100, 1000, torch.float32)))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 1000])
 @pytest.mark.parametrize("kw", [dict(path="online", block=16), dict(path="online", block=64),
@@ -44,6 +50,7 @@ def test_looping_paths_at_small_widths(kw, n, dtype, device):
     assert rel_err(sm.triton_fused(x, **kw), ref64(x)) <= 2 * TOL[dtype]
 
 
+@fast_cases(lambda block, dtype: (block, dtype) == (16, torch.float32))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [16, 32, 128])
 def test_unfused_tiles(block, dtype, device):
@@ -51,6 +58,8 @@ def test_unfused_tiles(block, dtype, device):
     assert rel_err(sm.triton_unfused(x, block=block), ref64(x)) <= 2 * TOL[dtype]
 
 
+@fast_cases(lambda kw, dtype: (kw.get("path"), dtype) in ((None, torch.float32),
+                                                            ("online", torch.bfloat16)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kw", [{}, dict(path="online"), dict(path="split")])
 def test_long_rows(kw, dtype, device):
@@ -60,12 +69,13 @@ def test_long_rows(kw, dtype, device):
     assert rel_err(sm.triton_fused(x, **kw), ref64(x)) <= 2 * TOL[dtype]
 
 
+@FULL
 def test_long_rows_unfused(device):
     x = rand((2, 70_001), torch.float32, device)
     assert rel_err(sm.triton_unfused(x), ref64(x)) <= 2 * TOL[torch.float32]
 
 
-@pytest.mark.parametrize("block", [1024, 2048])
+@pytest.mark.parametrize("block", [1024, *full(2048)])
 def test_one_pass_blocks(block, device):
     x = rand((3, 1000), torch.float32, device)
     assert rel_err(sm.triton_fused(x, block=block, num_warps=2), ref64(x)) <= TOL[torch.float32]
@@ -76,6 +86,7 @@ STABILITY_IMPLS = [sm.triton_fused, sm.triton_unfused,
                    lambda x: sm.triton_fused(x, path="split", block=16, splits=4)]
 
 
+@fast_cases()
 @pytest.mark.parametrize("impl", STABILITY_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large_values(impl, dtype, device):
@@ -89,6 +100,7 @@ def test_large_values(impl, dtype, device):
 
 # The all -inf row computes -inf - (-inf) on purpose; numpy warns about it under the interpreter.
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@fast_cases()
 @pytest.mark.parametrize("impl", STABILITY_IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_minus_inf(impl, dtype, device):
@@ -109,7 +121,7 @@ def test_minus_inf(impl, dtype, device):
     assert torch.isnan(sm.reference(x)[3]).all()  # torch agrees
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", [*full(sm.triton_fused, sm.triton_unfused), kernels.softmax])
 def test_shapes_and_strides(impl, device):
     x3 = rand((2, 3, 33), torch.float32, device)
     assert impl(x3).shape == x3.shape
@@ -207,6 +219,8 @@ def test_bad_unfused_block_raises(device):
         sm.triton_unfused(torch.ones(2, 10, device=device), block=24)
 
 
+@fast_cases(lambda shape, dtype, block: shape[0] in (5, 200) and (dtype, block) in (
+    (torch.float32, 256), (torch.float16, 4096)) and (shape[0] == 5) == (block == 256))
 @pytest.mark.parametrize("block", [256, 4096])  # chunks looped over, or held in registers
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("shape", [(5, 3000), (200, 1000), (3, 1)])
@@ -238,7 +252,7 @@ def test_coop_shared_rows_refused_under_the_interpreter(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="row sharing needs co-resident programs")
-@pytest.mark.parametrize("splits", [2, 4, 8])  # looped chunks (2), in registers (4, 8)
+@pytest.mark.parametrize("splits", [2, 4, *full(8)])  # looped chunks (2), in registers (4, 8)
 def test_coop_shared_rows(splits, device):
     x = torch.randn(300, 70_001, device=device) * 4
     x[7, :40_000] = float("-inf")
@@ -269,6 +283,7 @@ print("ok")
 """
 
 
+@FULL
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and a second stream")
 def test_coop_beside_another_stream():
     """The co-operative path waits for a row's other programs. Launched twice at once on two
@@ -300,6 +315,7 @@ def bwd_ref64(y, dy):
     return y * (dy - (y * dy).sum(-1, keepdim=True))
 
 
+@fast_cases()
 @pytest.mark.parametrize("impl", BWD_IMPLS, ids=["fused", "unfused"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 37, 1025])
@@ -310,7 +326,7 @@ def test_backward_matches_float64(impl, dtype, n, device):
     assert rel_err(dx, bwd_ref64(y, dy)) <= 4 * TOL[dtype]
 
 
-@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("block", [16, *full(64)])
 def test_backward_unfused_tiles(block, device):
     """Tiles smaller than the row: the row-sum kernel loops, the elementwise grid has columns."""
     y, dy = bwd_inputs((3, 300), torch.float16, device)

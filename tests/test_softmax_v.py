@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from triton_fusion_report import kernels
 
-from conftest import TOL, rel_err
+from conftest import FULL, TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels import softmax_v as sm
 
@@ -30,6 +30,9 @@ def inputs(shape, dtype, device, scale=1.0):
     return x, v
 
 
+@fast_cases(lambda impl, dtype, shape: (impl, dtype, shape) in (
+    (sm.triton_fused, torch.float32, SHAPES[1]), (sm.triton_unfused, torch.float16, SHAPES[3]),
+    (kernels.softmax_matmul, torch.bfloat16, SHAPES[4])))
 @pytest.mark.parametrize("impl", [sm.triton_fused, sm.triton_unfused, kernels.softmax_matmul])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -41,6 +44,7 @@ def test_matches_float64(impl, dtype, shape, device):
     assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
 
 
+@fast_cases(lambda block_1, block_2, block_3: block_1 == block_2 == block_3 == 16)
 @pytest.mark.parametrize("block_1, block_2, block_3", [(16, 16, 16), (32, 64, 16), (16, 32, 64),
                                                        (64, 16, 32)])
 def test_block_sizes(block_1, block_2, block_3, device):
@@ -50,13 +54,14 @@ def test_block_sizes(block_1, block_2, block_3, device):
     assert rel_err(out, ref64(x, v)) <= FUSED_TOL[torch.float32]
 
 
+@FULL
 def test_unfused_block_sizes(device):
     x, v = inputs((2, 37, 70, 45), torch.float32, device)
     out = sm.triton_unfused(x, v, block_m=16, block_n=32, block_k=16)
     assert rel_err(out, ref64(x, v)) <= FUSED_TOL[torch.float32]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*full(torch.float32), torch.float16, *full(torch.bfloat16)])
 def test_d3_tiled(dtype, device):
     """d3 = 300 with block_3 = 128: three d3 tiles, each recomputing the row softmax."""
     x, v = inputs((1, 16, 48, 300), dtype, device)
@@ -64,6 +69,7 @@ def test_d3_tiled(dtype, device):
     assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
 
 
+@fast_cases(lambda impl, dtype: (impl, dtype) == (sm.triton_fused, torch.float16))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("impl", [sm.triton_fused, sm.triton_unfused])
 def test_large_scores_are_stable(impl, dtype, device):
@@ -76,7 +82,7 @@ def test_large_scores_are_stable(impl, dtype, device):
     assert rel_err(out, ref64(x, v)) <= FUSED_TOL[dtype]
 
 
-@pytest.mark.parametrize("impl", [sm.triton_fused, sm.triton_unfused])
+@pytest.mark.parametrize("impl", [sm.triton_fused, *full(sm.triton_unfused)])
 def test_tf32(impl, device):
     x, v = inputs((2, 17, 65, 33), torch.float32, device)
     assert rel_err(impl(x, v, input_precision="tf32"), ref64(x, v)) <= TF32_TOL
@@ -104,6 +110,8 @@ def _tma_calls(monkeypatch):
     return seen
 
 
+@fast_cases(lambda dtype, blocks: (dtype, blocks[0]) in ((torch.float32, 16),
+                                                        (torch.bfloat16, None)))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("blocks", [(16, 32, 32), (None, None, None)])
 def test_tma_matches_float64(dtype, blocks, device, monkeypatch):

@@ -6,7 +6,8 @@ For calls whose GPU work lasts a few microseconds, `do_bench` measures the host 
 for the next launch. This prints, per call, the host time (wall clock of many back-to-back calls,
 the GPU never the bottleneck) and the GPU time (CUDA-graph replay), for LayerNorm forward and
 backward and for softmax at narrow rows. --profile adds cProfile's top entries of the fused
-LayerNorm backward's host path. A diagnostic for NOTES.md, not part of the sweep.
+LayerNorm backward's host path. A diagnostic behind docs/layernorm.md and docs/bench.md, not part
+of the sweep.
 """
 from __future__ import annotations
 

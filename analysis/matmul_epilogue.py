@@ -29,7 +29,8 @@ MS_GRIDS = {
             (65536, 512, 256), (8192, 4096, 1024), (16384, 4096, 4096),
             (16384, 1024, 32000), (4096, 1024, 128256),
             (4096, 768, 50257),  # GPT-2's head: no dimension a power of two
-            # Added to check the plan; each has since informed a threshold (NOTES.md).
+            # Added to check the plan; each has since informed a threshold
+            # (docs/matmul_softmax.md).
             (2048, 256, 1000), (512, 4096, 200), (8192, 1536, 3000),
             *MS_HELD_OUT],
     },

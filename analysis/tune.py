@@ -1,5 +1,6 @@
 """`python -m triton_fusion_report.analysis.tune NAME --out DIR`: time a kernel's launch configurations on one problem
-and print them best first (CSV in DIR). How the defaults in kernels/ were chosen; see NOTES.md."""
+and print them best first (CSV in DIR). How the defaults in kernels/ were chosen: see the design
+notes in docs/ (one per family)."""
 from __future__ import annotations
 
 import argparse

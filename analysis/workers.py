@@ -43,7 +43,7 @@ def _worker(k: int, args, queue, done) -> None:
         if hasattr(os, "sched_setaffinity") and mp.parent_process() is not None:
             # A worker's per-call timings are host-bound at small sizes: on a shared host the
             # others' compiles (max-autotune's pools take up to 32 CPUs each) stole their CPU
-            # (per-call 4x slower at p95 under 30 us, NOTES.md). Each worker keeps a slice.
+            # (per-call 4x slower at p95 under 30 us, docs/bench.md). Each worker keeps a slice.
             mine = cpu_share(os.sched_getaffinity(0), k, args.workers)
             os.sched_setaffinity(0, mine)
             import torch._inductor.config as inductor_config

@@ -4,9 +4,11 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import hashlib
+import io
 import os
 import platform
 import subprocess
+import tokenize
 import uuid
 from pathlib import Path
 
@@ -93,8 +95,39 @@ def _kernel_imports(name: str) -> set[str]:
     return {m for m in found if (ROOT / "kernels" / f"{m}.py").is_file()}
 
 
+def code_text(source: str) -> str:
+    """A module's code without its comments and docstrings, whitespace collapsed: what a kernel
+    hash covers, so that a comment or a docstring edited does not mark measured data stale.
+    (Positions, not tokens or AST dumps, which differ between Python versions.)"""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def at(row: int, col: int, in_bytes: bool = False) -> int:
+        if in_bytes:  # ast's columns count UTF-8 bytes
+            col = len(lines[row - 1].encode()[:col].decode(errors="ignore"))
+        return starts[row - 1] + col
+
+    cuts = [(at(*t.start), at(*t.end)) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.body and isinstance(node.body[0], ast.Expr) \
+                and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str):
+            doc = node.body[0]
+            cuts.append((at(doc.lineno, doc.col_offset, True), at(doc.end_lineno, doc.end_col_offset, True)))
+    kept, last = [], 0
+    for a, b in sorted(cuts):
+        if a >= last:
+            kept.append(source[last:a])
+            last = b
+    kept.append(source[last:])
+    return " ".join("".join(kept).split())
+
+
 def kernel_hash(family: str) -> str:
-    """Hash (as `source_hash`) of the kernel modules a family's Triton rows ran: its entry
+    """Hash of the code (`code_text`) of the kernel modules a family's Triton rows ran: its entry
     modules, what they import within kernels/, and the package's entry points."""
     todo, seen = list(FAMILY_KERNELS[family]) + list(ALWAYS_KERNELS), set()
     while todo:
@@ -102,7 +135,10 @@ def kernel_hash(family: str) -> str:
         if name not in seen:
             seen.add(name)
             todo += sorted(_kernel_imports(name) - seen)
-    return _hash(sorted(ROOT / "kernels" / f"{m}.py" for m in seen))
+    h = hashlib.sha256()
+    for path in sorted(ROOT / "kernels" / f"{m}.py" for m in seen):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + code_text(path.read_text()).encode() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def gpu_state(device: torch.device) -> dict:

@@ -67,7 +67,8 @@ def scratch(shape, dtype, device) -> tuple:
     on the current stream, with its first-dim views, both made once per device, stream, shape
     and dtype and reused by later calls: stream order makes the reuse safe (a later call's
     writes queue behind this call's reads), and it saves the host an allocation, which costs
-    ~19 us on the autograd engine's worker thread against ~5 on the main one (analysis/NOTES.md).
+    ~19 us on the autograd engine's worker thread against ~5 on the main one (docs/layernorm.md,
+    "Per call: the host").
     Fresh while the stream is being captured into a CUDA graph (the graph keeps its own)."""
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
@@ -413,7 +414,7 @@ def fastest(memo: dict, key: tuple, candidates: list, time_ms, kernels, device):
         if not runs:
             raise RuntimeError(f"no candidate compiles for {key}")
         # More rounds, interleaved: one timing per candidate moves by more than the candidates
-        # differ (clocks and power settle while they run; analysis/NOTES.md).
+        # differ (clocks and power settle while they run; docs/attention.md, tuner noise).
         for _ in range(TUNING_ROUNDS - 1):
             for cand, times in runs.items():
                 times.append(time_ms(cand))
@@ -506,8 +507,8 @@ def _source_digest(kernel) -> str:
 FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
 # Tensors passed to the launcher as their addresses: it then skips its per-pointer
 # cuPointerGetAttribute (a driver call each), which only tells a CPU tensor from a CUDA one, as
-# the ops' own checks already have. Saves 1-5 us a call on an H100 host (analysis/NOTES.md,
-# the interleaved percall probe). TRITON_FUSION_POINTERS_AS_INTS=0: off.
+# the ops' own checks already have. Saves 1-5 us a call on an H100 host (docs/bench.md, "Host
+# cost a call": the interleaved per-call probe). TRITON_FUSION_POINTERS_AS_INTS=0: off.
 POINTERS_AS_INTS = os.environ.get("TRITON_FUSION_POINTERS_AS_INTS", "1") != "0"
 # Host TensorDescriptors turned into TMA descriptors once per (address, shape, strides, padding)
 # and compiled kernel, instead of at every launch (Triton's launcher wrapper encodes each one

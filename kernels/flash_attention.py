@@ -335,7 +335,7 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages); causal needs BLOCK_M %
     (64, 64, 4, 2), (64, 64, 4, 3),
 ]
 # _attn_fwd_ws's config, a candidate where it applies (`_ws_applies`): the one that compiled and
-# was right and fastest in the probe (analysis/NOTES.md); its 5th entry marks the kernel. Four
+# was right and fastest in the probe (docs/attention.md); its 5th entry marks the kernel. Four
 # warps compute (one warp group) beside the producer; one stage: the pass buffers the tiles.
 WS_CONFIG = (128, 128, 4, 1, "ws")
 
@@ -350,7 +350,7 @@ _TUNED: dict = {}
 # seq_q * seq_k * head_dim); below it, plain loads. The launcher turns each host descriptor into
 # a TMA descriptor at every call: the descriptor launch cost 26 us a call against 14 for an empty
 # kernel of ten arguments, while plain loads ran at 0.91-1.03x of TMA's speed on an H100
-# (analysis/NOTES.md). 2^32 FLOPs is ~10 us of tensor-core work, where 10% of it is less than
+# (docs/attention.md). 2^32 FLOPs is ~10 us of tensor-core work, where 10% of it is less than
 # what the host saves. 0 under the interpreter, whose tests cover descriptors at small shapes.
 TMA_FROM_FLOPS = 0 if interpreting() else 2**32
 

@@ -169,7 +169,7 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, s_bias, HAS_BI
         # written (TMA clips them).
         if SPLIT_STORE:
             # The epilogue on one half at a time: over the whole 128 x 256 tile, erf's
-            # temporaries pushed the kernel past 255 registers into spills (NOTES).
+            # temporaries pushed the kernel past 255 registers into spills (docs/linear_act.md).
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             left, right = tl.split(halves)
             half_cols = off_n + tl.arange(0, BLOCK_N // 2)
@@ -368,7 +368,7 @@ def tf32_copies(x, weight, precision) -> tuple:
     """(copy x, copy weight) before a tf32 dot of x (M, K) by weight (K, N). Hopper's tf32 wgmma
     takes both operands K-major only: with a K-strided operand (x transposed, or weight stored
     (K, N) row-major) Triton falls back to a path 3x slower (82 against 248 TFLOP/s at 4096^3 on
-    an H100, analysis/NOTES.md), so such an operand is first copied K-contiguous (`k_major`: a
+    an H100, docs/linear_act.md), so such an operand is first copied K-contiguous (`k_major`: a
     copy of its size, ~0.04 ms for 4096^2 float32). 16-bit and IEEE operands are read as they
     are."""
     if x.dtype != torch.float32 or precision != "tf32" or x.shape[1] <= 1:

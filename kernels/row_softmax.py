@@ -47,7 +47,7 @@ MAX_ONE_PASS = 32768
 # more bytes in flight per SM, and a row of two tiles is re-read from L2.
 ONLINE_BLOCK = 32768
 # Rows up to this many bytes take the online kernel by default; longer float32 rows the coop path.
-# Measured on the H100, 4096 rows (analysis/NOTES.md): fp32 online 2.81 / 2.31 / 2.12 TB/s at
+# Measured on the H100, 4096 rows (docs/softmax.md): fp32 online 2.81 / 2.31 / 2.12 TB/s at
 # 65536 / 131072 / 262144 wide, coop 2.60 / 2.62 / 2.57. 16-bit rows stay online: a 32768-element
 # chunk is only 64 KiB there, too few bytes in flight for one program per SM (fp16 262144:
 # online 2.18, coop 2.06).

@@ -23,7 +23,7 @@ matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_soft
   the row partials in the matmul's epilogue: on Hopper that epilogue runs while the tensor cores
   idle (no warp specialisation in Triton 3.6), and the unfused pair was 4-91% faster than
   "two_pass_store" wherever a row fits the softmax's one tile (C = 1000 to 4096, H100,
-  analysis/NOTES.md). Wider rows would be read twice by the softmax: there "two_pass_store"'s
+  docs/matmul_softmax.md). Wider rows would be read twice by the softmax: there "two_pass_store"'s
   partials pay (0.96x of the unfused pair at C = 32000 and 128256).
 - "split_k": for few rows and a long K, where the other methods leave most SMs idle (a grid of a
   handful of row blocks): pass 1 splits K across programs, each storing its float32 partial
@@ -436,10 +436,10 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         # 32768 float32 accumulators per program (the 128x256 of the tutorial's 8-warp config).
         bb = _pow2(B, 16, max(16, min(128, 32768 // bc)))
         # One program per row block: with few rows, smaller blocks so the grid covers more SMs.
-        # Measured on the H100 (NOTES.md): float32 down to 16 rows (1024 x 1024 x 100: 114 ->
-        # 41 us); half precision down to 32 rows with 8 warps, for up to 128 classes (59 -> 34
-        # us there; 4 warps: 67). At 256 classes the sweep measured 32 rows slower (512 x 4096 x
-        # 200: 411 against 195 us), so wider tiles keep their rows.
+        # Measured on the H100 (docs/matmul_softmax.md): float32 down to 16 rows (1024 x 1024 x
+        # 100: 114 -> 41 us); half precision down to 32 rows with 8 warps, for up to 128 classes
+        # (59 -> 34 us there; 4 warps: 67). At 256 classes the sweep measured 32 rows slower (512
+        # x 4096 x 200: 411 against 195 us), so wider tiles keep their rows.
         full_rows = bb
         while cdiv(B, bb) < sm_count and bb > (32 if half else 16) and (not half or bc <= 128):
             bb //= 2
@@ -535,9 +535,10 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     tma = None
     tiles = cdiv(B, plan.block_b) * cdiv(C, plan.block_c)
     # As matmul_core.gemm_launch: TMA where the grid holds at least one tile per SM. "tiled" only
-    # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows; NOTES.md) TMA
-    # took 63 against 88 us at K 512, C 50 and 93 against 234 at K 1024, C 100, but 48 against 33
-    # at K 128, C 10 (two K tiles: nothing to pipeline) and 68 against 61 at K 512, C 256.
+    # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows;
+    # docs/matmul_softmax.md) TMA took 63 against 88 us at K 512, C 50 and 93 against 234 at
+    # K 1024, C 100, but 48 against 33 at K 128, C 10 (two K tiles: nothing to pipeline) and 68
+    # against 61 at K 512, C 256.
     if (plan.method not in (SIMPLE, SPLIT_K, STORE_SOFTMAX) and plan.precision != "ieee"
             and tiles >= sm_count_of(x.device)
             and (plan.method != TILED or (plan.block_c <= 128 and K >= 256))

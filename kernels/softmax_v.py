@@ -176,7 +176,7 @@ def _trivial(x, v):
 
 def _default_tiles(dtype, d1, d2, d3) -> tuple:
     """(block_1, block_2, block_3, num_warps, num_stages) of the fused kernel, from config
-    searches on the H100 (analysis/NOTES.md). float16/bfloat16 with d3 > 64: one program holds
+    searches on the H100 (docs/softmax_matmul.md). float16/bfloat16 with d3 > 64: one program holds
     64 rows by all of d3 up to 512 (x read once; 8 warps: 16 x 2048 x d2 x 512 fp16 in 0.74 ms
     against 0.84 with 16 warps at d2 = 8192, 0.11 against 0.12 at 1024, bf16 alike), or 128 rows
     by d3 up to 256, with 64-key chunks: 16 x 2048 x 8192 x 128 in 0.36 ms against 0.59 with the
@@ -237,7 +237,7 @@ def _fused_launch(x, v, block_1, block_2, block_3, input_precision, num_warps, n
     trivial = batch * d1 * d3 == 0 or d2 == 0
     out_strides = (d1 * d3, d3, 1)  # a new contiguous tensor's
     # TMA by default but for IEEE float32 (not measured there; half precision and tf32 gain
-    # 6-19%: analysis/NOTES.md); tma=True asks for it there too.
+    # 6-19%: docs/softmax_matmul.md); tma=True asks for it there too.
     specs = None
     if (precision != "ieee" if tma is None else tma) and has_tma(x.device) and not trivial:
         specs = (_tma_spec(x, (block_1, block_2)), _tma_spec(v, (block_2, block_3)))

@@ -474,6 +474,17 @@ def test_kernel_hash_follows_the_family_imports(tmp_path, monkeypatch):
     assert machine.kernel_hash("softmax") == before["softmax"]
     (k / "row_softmax.py").write_text("z = 0\n")
     assert machine.kernel_hash("softmax") != before["softmax"]
+    # Comments and docstrings are not the code a row ran: editing them keeps the hash.
+    edited = machine.kernel_hash("softmax")
+    (k / "row_softmax.py").write_text('"""µs-long rows."""\n# why\nz = 0  # 1 µs\n\n\n'
+                                      'def f():\n    """Doc."""\n    return "# kept"\n')
+    with_f = machine.kernel_hash("softmax")
+    assert with_f != edited  # a function added
+    (k / "row_softmax.py").write_text('z = 0\n\ndef f():\n    """Other doc, ×."""\n'
+                                      '    return "# kept"  # another comment\n')
+    assert machine.kernel_hash("softmax") == with_f
+    (k / "row_softmax.py").write_text('z = 0\ndef f():\n    return "# changed"\n')
+    assert machine.kernel_hash("softmax") != with_f  # a string that is code, not a docstring
 
 
 def test_profile_parses_ncu_csv_and_attributes_kernels():

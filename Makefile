@@ -62,7 +62,7 @@ test: setup ## fast correctness tests: every op and kernel path on the fewest sh
 test-all: setup ## every correctness test: the whole matrix of shapes, dtypes and options (what CI runs)
 	$(RUN_PY) -m pytest -q tests
 
-bench: setup ## run the sweeps (with seed 002 and host timings) on the GPU into results/runs/<time>/
+bench: setup ## run the sweeps and their tail steps (docs/benchmarking.md) on the GPU into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
 	$(RUN_PY) -m triton_fusion_report.analysis --out $(BENCH_OUT) $(BENCH_ARGS)
 	@# The full bench includes seed 002's own protocol (the attention chapter shows its CSV).
@@ -92,7 +92,7 @@ NO_QUARTO := Quarto (>= 1.4) is needed to render the report, and none was found 
 	installed: install it (https://quarto.org/docs/get-started/, or 'pip install quarto-cli' where \
 	PyPI is reachable), put it on the PATH, and run this again.
 
-render: setup ## render the book from RESULTS (default: the reference; several folders: the synthesis compares their GPUs)
+render: setup ## render the book from RESULTS (default: the references; several folders: the across-families chapter compares their GPUs)
 	@for r in $(RESULTS); do test -f $$r/limits.parquet || { echo "render: no results in $$r"; exit 1; }; done
 	@$(FIND_QUARTO); \
 	if [ -z "$$q" ]; then echo "render: $(NO_QUARTO)"; exit 1; fi; \
@@ -113,12 +113,16 @@ test-report: setup ## render the book from RESULTS and test the output (links, c
 
 report: setup ## GPU: test, bench, render the fresh run. No GPU: render the committed reference
 	@if $(HAS_GPU); then \
-	  $(MAKE) --no-print-directory test && \
-	  $(MAKE) --no-print-directory bench BENCH_OUT=results/runs/$(RUN_ID) && \
-	  $(MAKE) --no-print-directory render RESULTS=results/runs/$(RUN_ID); \
+	  t0=$$(date +%s); \
+	  $(MAKE) --no-print-directory test && t1=$$(date +%s) && \
+	  $(MAKE) --no-print-directory bench BENCH_OUT=results/runs/$(RUN_ID) && t2=$$(date +%s) && \
+	  $(MAKE) --no-print-directory render RESULTS=results/runs/$(RUN_ID) && t3=$$(date +%s) && \
+	  echo "report: test $$((t1 - t0)) s, bench $$((t2 - t1)) s, render $$((t3 - t2)) s"; \
 	else \
 	  echo "report: no GPU here: rendering from the committed reference results $(REFERENCES)"; \
-	  $(MAKE) --no-print-directory render RESULTS="$(REFERENCES)"; \
+	  t0=$$(date +%s); \
+	  $(MAKE) --no-print-directory render RESULTS="$(REFERENCES)" && \
+	  echo "report: render $$(( $$(date +%s) - t0 )) s"; \
 	fi
 
 smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (interpreter), for the report tests

@@ -110,6 +110,7 @@ def test_one_pdf_with_every_chapter_and_no_unresolved_reference():
     hits = UNRESOLVED.findall(text)
     assert not hits, f"the PDF has unresolved cross-references: {hits[:5]}"
     assert "nan TB/s" not in flat and "nan ms" not in flat
+    assert "′" not in flat, "a prime where an apostrophe was meant (typst after a digit: GPT-2's)"
 
 
 def test_every_figure_image_exists_and_is_not_empty():

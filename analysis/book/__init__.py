@@ -26,8 +26,9 @@ class Chapter(dict):
     """A chapter's computed values. `c.say("key")` is a sentence, as markdown for inline use."""
 
     def say(self, key: str) -> "data.Markdown":
-        # "GPT-2's": a straight quote after a digit reads as a prime (′) in the PDF.
-        return data.Markdown(re.sub(r"(\d)'s\b", "\\1’s", self["say"][key]))
+        # "GPT-2's": typst prints any quote after a digit as a prime (′), but not the modifier
+        # letter apostrophe (U+02BC), which looks the same.
+        return data.Markdown(re.sub(r"(\d)['’]s\b", "\\1\u02bcs", self["say"][key]))
 
 
 def _fingerprint(name: str, folders: list[Path]) -> str:

@@ -64,22 +64,22 @@ test-all: setup ## every correctness test: the whole matrix of shapes, dtypes an
 
 bench: setup ## run the sweeps and their tail steps (docs/benchmarking.md) on the GPU into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
-	$(RUN_PY) -m triton_fusion_report.analysis --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench --out $(BENCH_OUT) $(BENCH_ARGS)
 	@# The full bench includes seed 002's own protocol (the attention chapter shows its CSV).
-	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m triton_fusion_report.analysis.seed002 --out $(BENCH_OUT) && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.host_overhead --out $(BENCH_OUT)/host_overhead.csv && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.launch_cost --out $(BENCH_OUT)/launch_cost.csv && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.model_check --out $(BENCH_OUT); fi
+	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT) && \
+	  $(RUN_PY) -m triton_fusion_report.analysis.bench.host_overhead --out $(BENCH_OUT)/host_overhead.csv && \
+	  $(RUN_PY) -m triton_fusion_report.analysis.bench.launch_cost --out $(BENCH_OUT)/launch_cost.csv && \
+	  $(RUN_PY) -m triton_fusion_report.analysis.bench.model_check --out $(BENCH_OUT); fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
 profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel into BENCH_OUT/profile.parquet, the matmul kernels' details into profile_details.parquet
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }
-	$(RUN_PY) -m triton_fusion_report.analysis.profile --out $(BENCH_OUT)
-	$(RUN_PY) -m triton_fusion_report.analysis.profile --details --out $(BENCH_OUT)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --out $(BENCH_OUT)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --details --out $(BENCH_OUT)
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }
-	$(RUN_PY) -m triton_fusion_report.analysis.seed002 --out $(BENCH_OUT)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT)
 
 # Quarto: from the PATH, else the venv's, else `pip install quarto-cli` into the venv; sets q.
 FIND_QUARTO = q=$$(command -v quarto || true); \
@@ -127,7 +127,7 @@ report: setup ## GPU: test, bench, render the fresh run. No GPU: render the comm
 
 smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (interpreter), for the report tests
 	rm -rf tests/data/smoke
-	TRITON_INTERPRET=1 $(RUN_PY) -m triton_fusion_report.analysis --out tests/data/smoke --grid smoke --device cpu --no-progress
+	TRITON_INTERPRET=1 $(RUN_PY) -m triton_fusion_report.analysis.bench --out tests/data/smoke --grid smoke --device cpu --no-progress
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
 	rm -rf $(VENV) $(OUTPUT_DIR) .quarto .book-cache report/data results/runs .pytest_cache

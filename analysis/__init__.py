@@ -1,4 +1,7 @@
-"""Everything that measures or models: traffic model, timing, sweeps, figures.
+"""Everything that measures or models, knows the kernels, knows nothing about Quarto:
 
-Knows the kernels, knows nothing about Quarto. `python -m triton_fusion_report.analysis --help` runs the sweeps.
+- `analysis.bench`: the benchmark (sweeps, timing, schema, machine limits, workers, one grid
+  module per family group, the tail steps); `python -m triton_fusion_report.analysis.bench --help`.
+- `analysis.model`: the memory-traffic model and the roofline (no torch).
+- `analysis.book`: what each chapter of the report computes from a results folder.
 """

@@ -97,9 +97,26 @@ def _poison_outputs():
         yield
 
 
+def tool(name: str):
+    """The module of a maintainers' tool, tools/<name>.py (a folder of scripts, not a package:
+    loaded by its path, once)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    key = f"_tools_{name}"
+    if key not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before it runs: dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| / max |ref| in float64; inf if out has a NaN/inf the reference has not."""
-    from triton_fusion_report.analysis.sweep import max_rel_err
+    from triton_fusion_report.analysis.bench.sweep import max_rel_err
 
     return max_rel_err(out, ref)
 

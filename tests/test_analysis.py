@@ -7,11 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from triton_fusion_report.analysis import schema, traffic
-from triton_fusion_report.analysis import __main__ as cli
-from triton_fusion_report.analysis.sweep import Problem, Variant, run
+from triton_fusion_report.analysis.bench import __main__ as cli
+from triton_fusion_report.analysis.bench import families, schema
+from triton_fusion_report.analysis.bench.sweep import Problem, Variant, run
+from triton_fusion_report.analysis.model import traffic
 
-from conftest import FULL
+from conftest import FULL, tool
 
 
 @pytest.mark.parametrize("itemsize", [2, 4])
@@ -40,7 +41,7 @@ def test_traffic_table_totals():
 def ok_or_peer_missing(df, recorded=False) -> bool:
     """Every row ok, but a peer library's where it is not installed here (unsupported, saying so);
     `recorded`: rows of a committed run, whose machine, not this one, lacked the library."""
-    from triton_fusion_report.analysis import peers
+    from triton_fusion_report.analysis.bench import peers
 
     absent = df["impl"].isin([i for i in peers.PINNED if recorded or peers.label(i) is None])
     missing = absent & (df["status"] == "unsupported") & df["error"].str.contains(
@@ -116,7 +117,7 @@ def test_compiled_variants_of_one_problem_compile_once_each(tmp_path, device):
     """Two compiled variants of one function in one problem: each traced once over the check and
     every trial (a Dynamo reset between them would drop the first one's graph and compile it
     again); the next problem starts afresh."""
-    from triton_fusion_report.analysis.sweep import MAX_AUTOTUNE, Compiled
+    from triton_fusion_report.analysis.bench.sweep import MAX_AUTOTUNE, Compiled
 
     from torch._dynamo.utils import counters
 
@@ -145,7 +146,7 @@ def test_compiled_variants_of_one_problem_compile_once_each(tmp_path, device):
 
 
 def test_median_settled():
-    from triton_fusion_report.analysis.timing import median_settled
+    from triton_fusion_report.analysis.bench.timing import median_settled
 
     steady = [1.0 + 0.001 * (i % 5) for i in range(20)]
     assert median_settled(steady)
@@ -204,7 +205,7 @@ def test_fresh_inputs_that_fail_become_rows(tmp_path, device):
 
 
 def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
-    """`python -m triton_fusion_report.analysis --grid smoke` end to end on this machine (interpreter on a CPU)."""
+    """`python -m triton_fusion_report.analysis.bench --grid smoke` end to end on this machine (interpreter on a CPU)."""
     out = tmp_path / "run"
     assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
                      "--no-progress", "--workers", "1"]) == 0  # one run (two GPUs: two workers)
@@ -231,7 +232,7 @@ def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
 
 def test_half_precision_rows_get_the_matmul_peak(device):
     """The limits name the fp16/bf16 matmul peaks by their short label; rows by dtype."""
-    from triton_fusion_report.analysis.sweep import limits_lookup, measure
+    from triton_fusion_report.analysis.bench.sweep import limits_lookup, measure
 
     problem = Problem(
         family="elementwise", op="add_mul", dtype=torch.float16, precision="float16",
@@ -246,7 +247,7 @@ def test_half_precision_rows_get_the_matmul_peak(device):
 
 
 def test_fingerprint_compare_lists_every_difference():
-    from triton_fusion_report.analysis.fingerprint import compare
+    compare = tool("fingerprint").compare
 
     a = {"k1": dict(launches=[dict(kernel="x", grid=[1])], out="ab"), "k2": dict(out="cd")}
     assert compare(a, dict(a)) == []
@@ -274,7 +275,7 @@ def test_softmax_backward_traffic():
 def test_softmax_backward_problems():
     """The forward's grid, backward: op softmax_bwd, direction bwd, after every forward problem
     (each forward problem keeps its index, which seeds the fingerprint's inputs)."""
-    from triton_fusion_report.analysis import reductions
+    from triton_fusion_report.analysis.bench import reductions
     from triton_fusion_report.kernels import row_softmax_backward as smb
 
     problems = reductions.softmax_problems("smoke")
@@ -297,11 +298,11 @@ def test_softmax_backward_problems():
 
 def smoke_problems(family, op=None):
     """The problems `--grid smoke --family FAMILY [--op OP]` measures, with the variants the run
-    takes (cli.select_problems: no max-autotune in the smoke grid)."""
+    takes (families.select_problems: no max-autotune in the smoke grid)."""
     from types import SimpleNamespace
 
     args = SimpleNamespace(grid="smoke", family=[family], op=[op] if op else None, where=None)
-    return cli.select_problems(args)
+    return families.select_problems(args)
 
 
 def bwd_rows():
@@ -312,7 +313,7 @@ def bwd_rows():
 @pytest.fixture
 def tiny_softmax_grid(monkeypatch):
     """Two shapes: a one-tile row (float16) and a two-pass row (float32) of the fused backward."""
-    from triton_fusion_report.analysis import reductions
+    from triton_fusion_report.analysis.bench import reductions
 
     monkeypatch.setitem(reductions.GRIDS["smoke"], "softmax",
                         {torch.float32: [(1, 16400)], torch.float16: [(3, 33)]})
@@ -339,14 +340,14 @@ def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid
 
 
 def test_select_ops():
-    from triton_fusion_report.analysis import reductions
+    from triton_fusion_report.analysis.bench import reductions
 
     problems = reductions.softmax_problems("smoke") + reductions.layernorm_problems("smoke")
-    assert cli.select_ops(problems, None) == problems
-    kept = cli.select_ops(problems, ["softmax_bwd", "layer_norm_bwd"])
+    assert families.select_ops(problems, None) == problems
+    kept = families.select_ops(problems, ["softmax_bwd", "layer_norm_bwd"])
     assert kept and {p.op for p in kept} == {"softmax_bwd", "layer_norm_bwd"}
     with pytest.raises(ValueError, match="--op softmax_backward: no such op.*softmax_bwd"):
-        cli.select_ops(problems, ["softmax", "softmax_backward"])
+        families.select_ops(problems, ["softmax", "softmax_backward"])
 
 
 def test_op_filter_refuses_an_unknown_op_before_measuring(tmp_path, capsys):
@@ -359,7 +360,7 @@ def test_op_filter_refuses_an_unknown_op_before_measuring(tmp_path, capsys):
 
 def _fake_run(folder, run_id, rows):
     """A results folder of one run: the given softmax rows and a copy-bandwidth limit."""
-    from triton_fusion_report.analysis.schema import ParquetSink, family_schema, limits_schema
+    from triton_fusion_report.analysis.bench.schema import ParquetSink, family_schema, limits_schema
 
     folder.mkdir()
     sink = ParquetSink(folder / "softmax.parquet", family_schema("softmax"))
@@ -372,7 +373,7 @@ def _fake_run(folder, run_id, rows):
 def test_append_run(tmp_path):
     """The backward's rows added to a folder whose softmax rows predate the direction column:
     the old rows read as the forward's, nothing else of them changes, the limits follow."""
-    from triton_fusion_report.analysis.append_run import append_run
+    from triton_fusion_report.analysis.bench.append import append_run
 
     into = tmp_path / "into"
     into.mkdir()
@@ -436,7 +437,7 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
 def test_provenance(tmp_path, monkeypatch):
     """A run records the full commit as git says it (no label typed by hand), and a hash of the
     sources that changes with them; a copy outside a git checkout records no borrowed commit."""
-    from triton_fusion_report.analysis import machine
+    from triton_fusion_report.analysis.bench import machine
 
     commit = machine.git_commit()
     assert commit == "unknown" or len(commit.removesuffix("-dirty")) == 40
@@ -458,7 +459,7 @@ def test_provenance(tmp_path, monkeypatch):
 def test_kernel_hash_follows_the_family_imports(tmp_path, monkeypatch):
     """A family's kernel hash changes with the modules its kernels import, not with another
     family's."""
-    from triton_fusion_report.analysis import machine
+    from triton_fusion_report.analysis.bench import machine
 
     k = tmp_path / "kernels"
     k.mkdir()
@@ -491,7 +492,7 @@ def test_profile_parses_ncu_csv_and_attributes_kernels():
     """ncu's CSV (one line per kernel and metric, values with thousands separators, units that
     may be scaled) becomes one row per kernel in bytes; the marker kernels split them among the
     implementations in the order they ran."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     text = (Path(__file__).parent / "data" / "ncu_synthetic.csv").read_text()
     kernels = P.parse_ncu_csv(text)
@@ -519,7 +520,7 @@ def test_profile_parses_ncu_csv_and_attributes_kernels():
 def test_profile_fusion_ratios_side_by_side_per_gpu():
     """Two GPUs' profiles give one row per op: the model's ratio once, each GPU's counters beside
     it under its own label; an op only one GPU profiled keeps its row with a gap for the other."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     def rows(op_bytes):
         return pd.DataFrame([dict(family="f", op=op, impl=impl, kernel="k", dram_read=b,
@@ -545,7 +546,7 @@ def test_profile_fusion_ratios_side_by_side_per_gpu():
 
 def test_profile_cases_exist_in_the_grids():
     """Every profiled configuration is one the sweep measures."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     for case in P.CASES:
         problem = P.find_problem(case)
@@ -557,7 +558,7 @@ def test_profile_parses_a_recorded_ncu_run():
     fused kernel reads x, y and z once (the model's 805 MB) and the unfused pair 1074 MB."""
     import json
 
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     kernels = P.parse_ncu_csv((Path(__file__).parent / "data" / "ncu_add_mul_h100.csv").read_text())
     order = ["torch_eager", "triton_unfused", "triton_fused", "torch_compile", "torch_compile_max"]
@@ -575,7 +576,7 @@ def test_profile_reads_ncu_details_pages():
     """The committed details pages (ncu --page details --csv on the H100): one row per kernel,
     units converted (ns -> us, bytes -> kB, thousands separators), sections not collected
     missing; detail_view names every kernel or refuses."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
     before = P.ncu_details((folder / "ncu_linear_gelu_5cbecbb.csv").read_text())
@@ -623,7 +624,7 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     """--details: the details page's kernels split among the implementations by the markers
     (which are dropped), one row per kernel with its metrics, failures as rows of their own;
     target_counters keeps our fused kernel and the fastest other implementation."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
     folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
     recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
     details = P.ncu_details(_details_with_markers(
@@ -656,7 +657,7 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
 def test_profile_details_case_reports_a_failed_ncu(tmp_path):
     """An ncu that fails (no counters allowed, a bad section) is a failed row with its message,
     not a crash that loses the other cases."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     fake = tmp_path / "ncu"
     fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM: no permission' >&2\nexit 1\n")
@@ -680,7 +681,7 @@ def test_profile_details_case_reports_a_failed_ncu(tmp_path):
 def test_profile_by_case_keeps_the_other_cases(tmp_path):
     """A pass split over calls (--case): the rows of the cases not run again stay in the file,
     those of the cases run again are replaced."""
-    from triton_fusion_report.analysis import profile as P
+    from triton_fusion_report.analysis.bench import profile as P
 
     path = tmp_path / "profile_details.parquet"
     assert P.kept_rows(path, [0]) == []
@@ -694,7 +695,7 @@ def test_profile_by_case_keeps_the_other_cases(tmp_path):
 def test_each_worker_keeps_its_own_cpus():
     """Workers on one host take disjoint, equal slices of its CPUs (so one's compiles cannot
     steal another's timing thread), and share them all where there are too few to split."""
-    from triton_fusion_report.analysis.workers import cpu_share
+    from triton_fusion_report.analysis.bench.workers import cpu_share
 
     cpus = set(range(64))
     slices = [cpu_share(cpus, k, 4) for k in range(4)]
@@ -743,7 +744,7 @@ def test_workers_share_the_problems_and_merge(tmp_path):
 def _dies_in_the_second_problem(monkeypatch):
     """A sweep stopped part way: sweep._run_problem raises after the first row of the second
     problem from now on. Returns the real one (to put back for the resume)."""
-    from triton_fusion_report.analysis import sweep
+    from triton_fusion_report.analysis.bench import sweep
 
     real = sweep._run_problem
     seen = []
@@ -767,7 +768,7 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
     measure only that one; every configuration ends up in the folder once. (The workers are
     spawned processes: they build the real smoke grid, so the test uses it too.) A part that is
     already merged (a failed worker's) is not merged twice."""
-    from triton_fusion_report.analysis import sweep, workers
+    from triton_fusion_report.analysis.bench import run as bench_run, sweep
 
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
@@ -780,7 +781,7 @@ def test_resume_with_workers_after_a_stopped_bench(tmp_path, monkeypatch, capsys
         cli.main(["--out", str(part), *base])
     stopped = pd.read_parquet(part / "runs.parquet")["run_id"].iloc[0]
     monkeypatch.setattr(sweep, "_run_problem", real)
-    workers.merge([part], out)  # as a failed worker's part: in the folder already
+    bench_run.merge([part], out)  # as a failed worker's part: in the folder already
 
     assert cli.main(["--out", str(out), *base, "--workers", "2", "--resume"]) == 0
     assert f"1 of {len(problems)} problems done" in capsys.readouterr().out
@@ -809,7 +810,7 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
     run records): --resume merges the parts once (no row twice, so nothing measured again), and
     where every worker had finished it completes the folder instead of refusing ("none
     running") and leaving it without limits."""
-    from triton_fusion_report.analysis import append_run, sweep, workers
+    from triton_fusion_report.analysis.bench import append, run as bench_run, sweep
 
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
@@ -826,9 +827,9 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
     def stopped(*args, **kw):
         raise KeyboardInterrupt
     with monkeypatch.context() as m:
-        m.setattr(append_run, "merged_by_run", stopped)
+        m.setattr(append, "merged_by_run", stopped)
         with pytest.raises(KeyboardInterrupt):
-            workers.merge([part], out)
+            bench_run.merge([part], out)
     assert (out / "softmax.parquet").exists() and not (out / "runs.parquet").exists()
     capsys.readouterr()
     if worker_finished:
@@ -851,7 +852,7 @@ def _workers_in_this_process(monkeypatch):
     import multiprocessing
     import queue as queues
 
-    from triton_fusion_report.analysis import workers
+    from triton_fusion_report.analysis.bench import workers
 
     class InProcess:
         def __init__(self, target, args, daemon):  # its own copy of the options, as a spawn's
@@ -887,7 +888,7 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
     the bench exit non-zero, so `make bench`/`make report` stop rather than render a folder with
     configurations missing; what was measured is merged and --resume measures the rest. (The
     workers run in this process here, one after the other, so the patched sweep reaches them.)"""
-    from triton_fusion_report.analysis import sweep
+    from triton_fusion_report.analysis.bench import sweep
 
     _workers_in_this_process(monkeypatch)
     real = _dies_in_the_second_problem(monkeypatch)  # worker 0 dies in the second problem
@@ -907,7 +908,7 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
 def test_workers_that_all_die_before_a_row_fail_the_bench(tmp_path, monkeypatch):
     """Every worker dead before its first row: the bench exits non-zero with its own message (no
     parts to keep), the folder holds no family file."""
-    from triton_fusion_report.analysis import workers
+    from triton_fusion_report.analysis.bench import workers
 
     _workers_in_this_process(monkeypatch)
 
@@ -927,7 +928,7 @@ def test_workers_that_all_die_before_a_row_fail_the_bench(tmp_path, monkeypatch)
 @two_workers
 def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid, monkeypatch):
     """A resume refused (another commit) changes nothing: the stopped parts stay unmerged."""
-    from triton_fusion_report.analysis import machine, sweep
+    from triton_fusion_report.analysis.bench import machine, sweep
 
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
@@ -953,8 +954,8 @@ def test_resume_refused_leaves_the_folder_as_it_was(tmp_path, tiny_softmax_grid,
 def test_where_selects_shapes():
     """--where COL=VALUE keeps the problems with that value (COL=V1,V2: either); several keys
     must all hold; a problem without the column is left out."""
-    from triton_fusion_report.analysis.__main__ import select_shapes
-    from triton_fusion_report.analysis import matmul_epilogue as me
+    from triton_fusion_report.analysis.bench.families import select_shapes
+    from triton_fusion_report.analysis.bench import matmul_epilogue as me
 
     problems = me.matmul_softmax_problems("full")
     assert [p.shape["n"] for p in select_shapes(problems, ["m=4096"])] == [128256, 50257]
@@ -1003,7 +1004,7 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
     continued by --resume: the same run id and limits, the finished problem not measured again,
     the partial one measured afresh, every configuration once; a finished run or another commit
     is refused."""
-    from triton_fusion_report.analysis import machine, sweep
+    from triton_fusion_report.analysis.bench import machine, sweep
 
     out = tmp_path / "run"
     argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
@@ -1046,7 +1047,7 @@ def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_so
     """A --resume (or run) into a folder whose run is still going (a session thought lost) is
     refused: both rewriting the files from their own rows lost one's rows (7 of 14 left, the
     record saying 14)."""
-    from triton_fusion_report.analysis import sweep
+    from triton_fusion_report.analysis.bench import sweep
 
     out = tmp_path / "run"
     argv = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd",
@@ -1074,7 +1075,7 @@ def test_resume_with_workers_after_a_worker_stopped_in_its_limits(tmp_path, monk
     """A worker killed while it measured the limits left a running record and nothing else:
     --resume --workers 2 takes it as stopped (it has no rows to check or adopt) and measures
     everything, once (it was refused with "git_commit=None")."""
-    from triton_fusion_report.analysis import machine
+    from triton_fusion_report.analysis.bench import machine
 
     out = tmp_path / "run"
     base = ["--grid", "smoke", "--family", "softmax", "--op", "softmax_bwd", "--no-progress",
@@ -1100,7 +1101,7 @@ def test_failures_are_classified():
     unknown failure of the first call stays `compile_error`."""
     import torch
 
-    from triton_fusion_report.analysis.sweep import classify
+    from triton_fusion_report.analysis.bench.sweep import classify
 
     liger = RuntimeError("Cannot launch Triton kernel since n = 131072 exceeds the recommended "
                          "Triton blocksize = 65536.")
@@ -1131,7 +1132,7 @@ def _a_finished_run(dst: Path, commit: str = "c" * 40, run_id: str = "20261126T0
 
 
 def test_promote_replaces_the_reference_with_one_clean_run(tmp_path):
-    from triton_fusion_report.analysis import promote
+    promote = tool("promote")
 
     run = _a_finished_run(tmp_path / "run")
     into = tmp_path / "ref"
@@ -1148,7 +1149,7 @@ def test_promote_replaces_the_reference_with_one_clean_run(tmp_path):
 
 
 def test_promote_refuses_a_patchwork(tmp_path):
-    from triton_fusion_report.analysis import promote
+    promote = tool("promote")
 
     run = _a_finished_run(tmp_path / "run")
     df = pd.read_parquet(run / "softmax.parquet")
@@ -1171,7 +1172,7 @@ def test_promote_takes_a_later_step_only_where_it_measures_the_same(tmp_path, mo
     """A later step's file (the profile's details) from another commit is accepted where what it
     measures is the same at both commits, refused where it differs or no commit is recorded;
     the sweep's files must be the run's commit whatever the code."""
-    from triton_fusion_report.analysis import promote
+    promote = tool("promote")
 
     run = _a_finished_run(tmp_path / "run")
     later = "d" * 40
@@ -1199,11 +1200,11 @@ def test_promote_asks_git_what_changed():
     (refused); d3667c4 and f00a44d differ only in modules that measure nothing (the profile's
     reader, promote, the report): accepted; by 95ab8e4 timing.py changed, which seed 002's
     benchmark uses (refused for it, not for the profile's details); an unknown commit: refused."""
-    from triton_fusion_report.analysis import promote
+    promote = tool("promote")
 
     import subprocess
 
-    from triton_fusion_report.analysis import machine
+    from triton_fusion_report.analysis.bench import machine
 
     full = {}
     for short in ("d3667c4", "45020ef", "f00a44d", "95ab8e4"):
@@ -1223,7 +1224,7 @@ def test_promote_asks_git_what_changed():
 def test_peak_memory_never_falls_below_the_base():
     """A tensor freed during the measured call (or by the garbage collector between the reads)
     cannot make the recorded peak negative; a call that allocates 4 MiB records at least that."""
-    from triton_fusion_report.analysis import timing
+    from triton_fusion_report.analysis.bench import timing
 
     device = torch.device("cuda")
     held = [torch.empty(2**20, device=device)]  # 4 MiB, freed by the call below
@@ -1247,7 +1248,7 @@ def _worker_runs(run: Path, parts: int = 2, workers: int = 2, last: str = "finis
             r["run_id"] = f"20261126T00000{part}Z-w{gpu}p{part}xx"
             r["started_at"] = f"2026-11-26T00:0{part}:00+00:00"
             r["gpu_index"] = gpu
-            r["argv"] = ("python -m triton_fusion_report.analysis --out x "
+            r["argv"] = ("python -m triton_fusion_report.analysis.bench --out x "
                          f"{'--resume ' if part else ''}--workers {workers}")
             r["status"] = last if part == parts - 1 else "stopped"
             records.append(r)
@@ -1265,7 +1266,7 @@ def _worker_runs(run: Path, parts: int = 2, workers: int = 2, last: str = "finis
 def test_promote_takes_one_multi_gpu_bench_and_its_resumes(tmp_path):
     """The runs of one `--workers` bench (a run per GPU, again per --resume) make one reference
     where each GPU's last run finished; several separate runs, or an unfinished bench, do not."""
-    from triton_fusion_report.analysis import promote
+    promote = tool("promote")
 
     run = _a_finished_run(tmp_path / "run")
     _worker_runs(run)
@@ -1273,7 +1274,7 @@ def test_promote_takes_one_multi_gpu_bench_and_its_resumes(tmp_path):
     _worker_runs(run, last="stopped")
     assert any("stopped, not finished" in w for w in promote.problems(run))
     rec = _worker_runs(run)
-    rec["argv"] = "python -m triton_fusion_report.analysis --out x"
+    rec["argv"] = "python -m triton_fusion_report.analysis.bench --out x"
     rec.to_parquet(run / "runs.parquet")
     assert any("not the runs of one multi-GPU bench" in w for w in promote.problems(run))
     rec = _worker_runs(run)
@@ -1281,7 +1282,7 @@ def test_promote_takes_one_multi_gpu_bench_and_its_resumes(tmp_path):
     rec.to_parquet(run / "runs.parquet")
     assert any("different git_commit" in w for w in promote.problems(run))
     rec = _worker_runs(run)
-    rec.loc[rec.index[-1], "argv"] = "python -m triton_fusion_report.analysis --out x --workers 2"
+    rec.loc[rec.index[-1], "argv"] = "python -m triton_fusion_report.analysis.bench --out x --workers 2"
     rec.to_parquet(run / "runs.parquet")
     assert any("started afresh" in w for w in promote.problems(run))
 
@@ -1290,7 +1291,7 @@ def test_compare_runs_pairs_configurations_and_reads_workers_parts(tmp_path, cap
     """Two folders' rows are paired by configuration: a family slowed by 10% on half its rows
     agrees on the other half; rows still in a worker's part count; a failed row and rows under the
     floor are left out; folders with nothing in common are an error."""
-    from triton_fusion_report.analysis import compare_runs as C
+    C = tool("compare_runs")
 
     ref = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
     b = tmp_path / "b"

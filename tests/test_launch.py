@@ -1,6 +1,6 @@
 """kernels._common.launch: the fast launch path, checked on the CPU against Triton's own
 JITFunction.run (real binder, cache key, launch arguments; only the compiler and the C launcher
-are stand-ins: analysis.host_proxy.simulated_gpu)."""
+are stand-ins: tools/host_proxy.py's simulated_gpu)."""
 import itertools
 import os
 import random
@@ -14,8 +14,11 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from triton_fusion_report.analysis.host_proxy import simulated_gpu
 from triton_fusion_report.kernels import _common as C
+
+from conftest import tool
+
+simulated_gpu = tool("host_proxy").simulated_gpu
 
 
 def _toy(x_ptr, y_ptr, n, m, scale, flag, BLOCK: tl.constexpr, MODE: tl.constexpr):
@@ -298,12 +301,12 @@ def test_a_full_table_empties_and_refills(gpu, count_runs, monkeypatch):
 def test_every_public_op_takes_the_fast_path_with_the_normal_paths_arguments():
     """In a process where the kernels are JITFunctions (no interpreter), under simulated_gpu:
     each public op's launches after a warm-up call skip JITFunction.run and pass the C launcher
-    what the normal path passes (analysis.host_proxy --check)."""
+    what the normal path passes (tools/host_proxy.py --check)."""
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-m", "triton_fusion_report.analysis.host_proxy",
-                           "--check"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(root / "tools" / "host_proxy.py"), "--check"],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
 

@@ -1,6 +1,6 @@
 """The project's LayerNorm and attention inside a tiny transformer (written here: no model library
 in CI), through the interpreter: forward, backward and a few training steps against the same
-block with PyTorch's ops, both measured against float64. analysis/model_check.py does the same
+block with PyTorch's ops, both measured against float64. analysis/bench/model_check.py does the same
 with GPT-2 small on the GPU."""
 import pytest
 import torch
@@ -105,7 +105,7 @@ def test_tiny_transformer_training_steps(device):
 
 def test_model_check_attention_refuses_padding_masks(device):
     """The transformers adapter takes the causal mask (bool or additive) and refuses others."""
-    from triton_fusion_report.analysis import model_check as mc
+    from triton_fusion_report.analysis.bench import model_check as mc
 
     q = torch.randn(1, 2, 5, 16, device=device, dtype=torch.float16)
     causal = torch.ones(5, 5, dtype=torch.bool, device=device).tril()[None, None]

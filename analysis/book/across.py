@@ -9,8 +9,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .. import profile as P  # pandas only: the profiler's worker imports torch when it runs
-from ..schema import FAMILY_SHAPES, PEAK_PRECISION
+from ..bench import profile as P  # pandas only: the profiler's worker imports torch when it runs
+from ..bench.schema import FAMILY_SHAPES
+from ..model.roofline import PEAK_PRECISION
 from . import cases as C
 from . import data as D
 from . import figures

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import schema
+from ..bench import schema
+from ..model.roofline import limit  # noqa: F401 - the chapters call it as data.limit
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference" / "h100"
@@ -37,7 +38,7 @@ SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
                "liger": "Liger", "flag_gems": "FlagGems"}
 # Dtype names short enough for a label.
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-# The Triton kernel libraries measured beside PyTorch where they have the op (analysis/peers.py).
+# The Triton kernel libraries measured beside PyTorch where they have the op (analysis/bench/peers.py).
 PEERS = ["liger", "flag_gems"]
 
 
@@ -135,19 +136,6 @@ def load_limits(results: Path) -> pd.DataFrame:
     """The limits measured by every run in the folder."""
     return pd.read_parquet(Path(results) / "limits.parquet").drop_duplicates(
         ["run_id", "metric", "precision"])
-
-
-def limit(limits: pd.DataFrame, metric: str, precision: str = "ieee", run_id=None) -> float:
-    """One measured limit (GB/s for copy_bw, TFLOP/s for matmul_peak) of the run `run_id` (the
-    run a family's rows came from), else of the latest run; NaN if not measured. Given several
-    runs (`runs_of`: the workers of a multi-GPU bench), the highest of theirs: one line a figure
-    can draw that none of those runs measured above."""
-    if run_id is None:
-        run_id = limits["run_id"].max()
-    ids = [run_id] if isinstance(run_id, str) else list(run_id)
-    hit = limits[(limits["metric"] == metric) & (limits["precision"] == precision)
-                 & (limits["run_id"].isin(ids))]["value"].dropna()
-    return float(hit.max()) if len(hit) else float("nan")
 
 
 def run_of(df: pd.DataFrame) -> str:

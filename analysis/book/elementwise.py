@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import traffic
+from ..model import traffic
 from . import data as D
 from . import figures
 

@@ -7,7 +7,7 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .. import traffic
+from ..model import traffic
 from . import data as D
 from . import figures
 
@@ -16,7 +16,7 @@ from . import figures
 MEMORY_BOUND = (65536, 512, 256)
 VOCAB = (4096, 1024, 128256)
 # Chosen before they were measured and used for none of the plan's thresholds (MS_HELD_OUT of
-# analysis/matmul_epilogue.py, copied: that module imports torch).
+# analysis/bench/matmul_epilogue.py, copied: that module imports torch).
 HELD_OUT = [(6144, 2048, 8192), (2048, 3072, 24576), (1024, 2048, 640), (32768, 256, 2000)]
 LAUNCH_US = 25.0  # the fastest complete version under this: a few launches' fixed cost
 TIE = 1.03  # within 3% either way is a tie: long rows re-measure within a few percent

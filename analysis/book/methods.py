@@ -13,8 +13,8 @@ UNIT = {"copy_bw": "GB/s", "stream_bw": "GB/s", "spec_bw": "GB/s", "matmul_peak"
 
 
 def constants(module: str, *names: str) -> dict:
-    """The top-level constants (`NAME = expr`, `A, B = x, y`) of analysis/<module>.py."""
-    tree = ast.parse((D.ROOT / "analysis" / f"{module}.py").read_text())
+    """The top-level constants (`NAME = expr`, `A, B = x, y`) of analysis/bench/<module>.py."""
+    tree = ast.parse((D.ROOT / "analysis" / "bench" / f"{module}.py").read_text())
     found = {}
     for node in tree.body:
         if not isinstance(node, ast.Assign):
@@ -29,7 +29,7 @@ def constants(module: str, *names: str) -> dict:
                               if isinstance(t, ast.Name)})
     missing = [n for n in names if n not in found]
     if missing:
-        raise KeyError(f"analysis/{module}.py defines no {', '.join(missing)}")
+        raise KeyError(f"analysis/bench/{module}.py defines no {', '.join(missing)}")
     return {n: found[n] for n in names}
 
 

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .. import traffic
+from ..model import traffic
 from . import data as D
 from . import figures
 

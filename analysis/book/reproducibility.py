@@ -232,7 +232,7 @@ def mixture_note(f: Folder) -> str:
 
 def stale_note(f: Folder) -> str:
     """A note where the Triton rows did not run this checkout's kernel sources (empty otherwise)."""
-    from .. import machine  # imports torch: only here, where the checkout's kernels are hashed
+    from ..bench import machine  # imports torch: only here, where the checkout's kernels are hashed
 
     changed, unrecorded = [], []
     triton = f.rows[f.rows["impl"].astype(str).str.startswith("triton")] if len(f.rows) else f.rows

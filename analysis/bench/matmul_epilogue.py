@@ -7,11 +7,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import linear_activation as la
-from ..kernels import softmax_regression as sr
-from ..kernels._common import sm_count_of
+from ...kernels import linear_activation as la
+from ...kernels import softmax_regression as sr
+from ...kernels._common import sm_count_of
 
-from . import traffic
+from ..model import traffic
 from .sweep import Problem, Variant, compiled_variants, tf32
 
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}

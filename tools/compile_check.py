@@ -1,12 +1,11 @@
-"""Compile every Triton kernel, as the smoke configurations launch it, for an H100 (sm_90), on a
-machine without a GPU.
+"""Compile every Triton kernel as the smoke configurations launch it, for sm_90, without a GPU.
 
 Triton's interpreter runs the kernels on the CPU but never compiles them, so an error only the
 compiler raises (a global that is not a constexpr, a type the backend refuses, too much shared
 memory) passes the CPU suite and fails on the GPU. This closes that gap in two steps:
 
-    TRITON_INTERPRET=1 python -m triton_fusion_report.analysis.compile_check --record specs.json
-    python -m triton_fusion_report.analysis.compile_check --compile specs.json
+    TRITON_INTERPRET=1 python tools/compile_check.py --record specs.json
+    python tools/compile_check.py --compile specs.json
 
 The first runs every smoke configuration of every Triton implementation through the interpreter
 and writes down each launch: the kernel, its argument types, constexprs and launch options. The
@@ -19,8 +18,14 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 import torch
+
+try:
+    import triton_fusion_report  # noqa: F401 - PYTHONPATH=. (as the Makefile sets) or installed
+except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET = ("cuda", 90, 32)
 OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_cooperative_grid")
@@ -54,7 +59,7 @@ def record(device=torch.device("cpu")) -> list[dict]:
     """Every distinct launch of the smoke configurations, under the interpreter."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from .fingerprint import smoke_triton_calls
+    from fingerprint import smoke_triton_calls  # tools/fingerprint.py, beside this script
 
     seen, specs = set(), []
     original = InterpretedFunction.run
@@ -78,7 +83,7 @@ def record(device=torch.device("cpu")) -> list[dict]:
                 pass  # a refusal launches nothing
         # What the sweeps' smoke grid does not run: the backward kernels, and LayerNorm's kernels
         # for rows past a register tile.
-        from .. import kernels
+        from triton_fusion_report import kernels
 
         for n in (40, 20_000):
             x = torch.randn(2, n, requires_grad=True)
@@ -95,7 +100,7 @@ def record(device=torch.device("cpu")) -> list[dict]:
             kv = torch.randn(1, 1, 50, 64, dtype=torch.float16)
             kernels.attention(q.detach(), kv, kv, causal)
             # Decoding's split-key kernels at the GPU's blocks (one split stores directly).
-            from ..kernels import flash_decoding
+            from triton_fusion_report.kernels import flash_decoding
 
             for head_dim, block_n in ((64, 64), (128, 64), (256, 32)):
                 q1 = torch.randn(1, 4, 1, head_dim, dtype=torch.float16)
@@ -113,7 +118,7 @@ def _gpu_block_variants(specs: list[dict]) -> list[dict]:
     are small), at head_dim 64, 128 and 256."""
     from unittest import mock
 
-    from ..kernels import flash_attention_backward as fab
+    from triton_fusion_report.kernels import flash_attention_backward as fab
 
     out = []
     for spec in specs:
@@ -182,7 +187,7 @@ def compile_all(specs: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.compile_check",
+    ap = argparse.ArgumentParser(prog="python tools/compile_check.py",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--record", metavar="JSON", help="run the smoke configurations (interpreter)")

@@ -1,10 +1,10 @@
 """The sweep runner: check every implementation against float64, time it, write a row.
 
-A family (analysis/<family>.py) describes its grid as `Problem`s: one set of inputs (shape, dtype)
+A family group (analysis/bench/<group>.py) describes its grid as `Problem`s: one set of inputs (shape, dtype)
 and the `Variant`s to measure on it (impl, block, num_warps). For each variant the runner
 1. runs it once with outputs poisoned (NaN) and compares with the float64 reference computed from
    the very same inputs: a mismatch is a `wrong_result` row, never timed;
-2. times it (analysis.timing.bench) and measures its peak memory;
+2. times it (bench.timing.bench) and measures its peak memory;
 3. appends the row to the family's Parquet file at once.
 Failures (OOM, out of resources, compile errors, refused inputs) become rows with a status and the
 error text, the GPU memory is freed, and the sweep goes on.
@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels import poisoned_outputs
+from ...kernels import poisoned_outputs
 
 from . import machine, schema
 from .timing import bench, device_ms, peak_mib

@@ -6,9 +6,9 @@ import random
 
 import torch
 
-from ..kernels import elementwise as ew
+from ...kernels import elementwise as ew
 
-from . import traffic
+from ..model import traffic
 from .sweep import Problem, Variant, compiled_variants
 
 FAMILY = "elementwise"

@@ -1,4 +1,6 @@
-"""`python -m triton_fusion_report.analysis.promote RUN INTO`: make one finished run a reference.
+"""Make one finished, clean run a reference results folder.
+
+    python tools/promote.py RUN INTO [--dry-run]
 
 INTO (e.g. `results/reference/h100`) then holds RUN's results alone: RUN's data files (Parquet
 and CSV) are copied in, and INTO's data files that RUN lacks are removed, except the named Nsight
@@ -23,19 +25,31 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import machine
-from .__main__ import FAMILIES
+try:
+    import triton_fusion_report  # noqa: F401 - PYTHONPATH=. (as the Makefile sets) or installed
+except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from triton_fusion_report.analysis.bench import machine  # noqa: E402
+from triton_fusion_report.analysis.bench.families import FAMILIES  # noqa: E402
 
 DATA_SUFFIXES = (".parquet", ".csv")
 KEPT_DOCUMENTS = "ncu_*.csv"
 # What a later step measures, as paths from the repository's top: the kernels, and the modules
 # that define the grid's problems and baselines (the family modules, the sweep, the peers, the
-# traffic model); a step with a benchmark of its own adds that.
-MEASURED = ("kernels", "analysis/__main__.py", "analysis/sweep.py", "analysis/attention.py",
-            "analysis/elementwise.py", "analysis/reductions.py", "analysis/matmul_epilogue.py",
-            "analysis/peers.py", "analysis/traffic.py", "analysis/schema.py")
+# traffic model); a step with a benchmark of its own adds that. Each module at its place since
+# the bench became a package (analysis/bench/, analysis/model/) and before (analysis/): two
+# commits on either side of the move differ there, and are refused.
+_BEFORE, _BENCH = "analysis/", "analysis/bench/"
+MEASURED = ("kernels", "analysis/bench/families.py", "analysis/model/traffic.py",
+            *(folder + name for folder in (_BEFORE, _BENCH)
+              for name in ("__main__.py", "sweep.py", "attention.py", "elementwise.py",
+                           "reductions.py", "matmul_epilogue.py", "peers.py", "schema.py")),
+            "analysis/traffic.py")
+TIMING = ("analysis/timing.py", "analysis/bench/timing.py")
 # The counters need no timing; another step's file is held to the timing protocol too.
-MEASURED_BY_FILE = {"seed002.parquet": ("analysis/seed002.py", "analysis/timing.py"),
+MEASURED_BY_FILE = {"seed002.parquet": ("analysis/seed002.py", "analysis/bench/seed002.py",
+                                        *TIMING),
                     "profile.parquet": (), "profile_details.parquet": ()}
 
 
@@ -44,7 +58,7 @@ def same_measured(a: str, b: str, name: str = "") -> bool:
     and those of file `name`; False where git does not know either commit."""
     if not machine.own_checkout():
         return False
-    paths = [f":(top){p}" for p in MEASURED + MEASURED_BY_FILE.get(name, ("analysis/timing.py",))]
+    paths = [f":(top){p}" for p in MEASURED + MEASURED_BY_FILE.get(name, TIMING)]
     try:
         for c in (a, b):
             machine.git("cat-file", "-e", f"{c}^{{commit}}")
@@ -141,7 +155,8 @@ def plan(run: Path, into: Path) -> tuple[list[Path], list[Path]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python tools/promote.py",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a finished results folder of one run")
     ap.add_argument("into", type=Path, help="the reference folder to replace")
     ap.add_argument("--dry-run", action="store_true")

@@ -5,7 +5,7 @@ run, failures recorded and the GPU memory freed before the next; a summary table
 exactly the seed's columns per precision (IEEE vs IEEE, TF32 vs TF32; never compared across),
 and the same rows in Parquet (family softmax_matmul, sweep "seed002").
 
-`python -m triton_fusion_report.analysis.seed002 --out DIR` (make seed002)."""
+`python -m triton_fusion_report.analysis.bench.seed002 --out DIR` (make seed002)."""
 from __future__ import annotations
 
 import argparse
@@ -16,9 +16,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..kernels import softmax_v as smm
+from ...kernels import softmax_v as smm
 
-from . import machine, schema, traffic
+from ..model import traffic
+from . import machine, schema
 from .attention import SEED_BLOCKS, SEED_D2, TOLERANCE
 from .sweep import classify, max_rel_err, tf32
 
@@ -48,7 +49,7 @@ def time_passes(fn) -> tuple[list[float], float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.seed002")
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench.seed002")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--d2", type=int, nargs="*", default=SEED_D2)
     args = ap.parse_args(argv)

@@ -7,10 +7,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import layernorm as ln, layernorm_backward as lnb
-from ..kernels import row_softmax as sm, row_softmax_backward as smb
+from ...kernels import layernorm as ln, layernorm_backward as lnb
+from ...kernels import row_softmax as sm, row_softmax_backward as smb
 
-from . import peers, traffic
+from ..model import traffic
+from . import peers
 from .sweep import MAX_AUTOTUNE, Compiled, Problem, Variant, compiled_variants
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

@@ -1,6 +1,6 @@
 """Per-call cost at tiny sizes: what a call costs when the GPU work is a few microseconds.
 
-    python -m triton_fusion_report.analysis.launch_cost --out DIR/launch_cost.csv
+    python -m triton_fusion_report.analysis.bench.launch_cost --out DIR/launch_cost.csv
 
 For every public op and implementation (eager, torch.compile, Triton unfused and fused, the public
 function, and the registered op called through the dispatcher) this records the first call's
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .. import kernels
-from ..kernels import elementwise as ew, flash_attention as fa, layernorm as ln
-from ..kernels import linear_activation as la, ops, row_softmax as sm
-from ..kernels import softmax_regression as sr, softmax_v as sv
+from ... import kernels
+from ...kernels import elementwise as ew, flash_attention as fa, layernorm as ln
+from ...kernels import linear_activation as la, ops, row_softmax as sm
+from ...kernels import softmax_regression as sr, softmax_v as sv
 from .machine import run_metadata
 from .timing import graph_ms
 
@@ -196,7 +196,7 @@ def measure(dev, trials: int = TRIALS) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.launch_cost",
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench.launch_cost",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="CSV file to write")

@@ -1,4 +1,4 @@
-"""`python -m triton_fusion_report.analysis.model_check --out DIR`: the project's LayerNorm and
+"""`python -m triton_fusion_report.analysis.bench.model_check --out DIR`: the project's LayerNorm and
 attention inside GPT-2 small (Hugging Face `transformers`, random weights), on the GPU.
 
 1. Forward and backward of one batch under bf16 autocast, the project's ops swapped in, against
@@ -47,7 +47,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                       **kwargs):
     """transformers' attention interface: q, k, v (batch, heads, seq, head_dim) -> output
     (batch, seq, heads, head_dim) and no weights. Causal only (a padding mask is refused)."""
-    from .. import kernels
+    from ... import kernels
 
     if dropout:
         raise NotImplementedError("attention dropout is not supported by the Triton kernel")
@@ -67,7 +67,7 @@ class TritonLayerNorm(torch.nn.Module):
         self.weight, self.bias, self.eps = ln.weight, ln.bias, ln.eps
 
     def forward(self, x):
-        from .. import kernels
+        from ... import kernels
 
         return kernels.layer_norm(x, self.weight, self.bias, self.eps)
 
@@ -189,7 +189,7 @@ def tokens_per_s(model, ids, reps=20) -> tuple[float, float, float, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.model_check",
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench.model_check",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)

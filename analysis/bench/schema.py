@@ -12,6 +12,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# The limits name a matmul precision by its short label; rows name half precisions by their dtype.
+from ..model.roofline import PEAK_PRECISION  # noqa: F401 - where the sweep and the book read it
+
 S, I, F = pa.string(), pa.int64(), pa.float64()
 
 BASE = {
@@ -29,7 +32,7 @@ MEASURED = {
     # overhead, no L2 flush; the L2 keeps inputs smaller than it). Not measured since ms_device.
     "ms_graph": F,
     # Median GPU time of one call: CUDA-graph replay with the L2 flushed before each call, timed
-    # by events inside the graph (analysis.timing.device_ms). No host, no cache-resident inputs.
+    # by events inside the graph (bench.timing.device_ms). No host, no cache-resident inputs.
     "ms_device": F,
     # Trials (added with the evidence issue; empty in older rows, which were one trial): ms_median
     # is the median of n_trials trial medians, each trial with fresh inputs and its own warm-up;
@@ -74,8 +77,6 @@ FAMILY_SHAPES = {
 # Shape columns added to a family after rows were committed without them, and the value those
 # rows had: the softmax family was forward only until its backward joined it.
 ADDED_SHAPE_DEFAULTS = {"softmax": {"direction": "fwd"}}
-# The limits name a matmul precision by its short label; rows name half precisions by their dtype.
-PEAK_PRECISION = {"float16": "fp16", "bfloat16": "bf16"}
 
 STATUSES = ("ok", "oom", "out_of_resources", "compile_error", "unsupported", "wrong_result")
 

@@ -1,6 +1,6 @@
 """Where a short call's time goes: host (Python + launch) against GPU, per implementation.
 
-    python -m triton_fusion_report.analysis.host_overhead [--profile]
+    python -m triton_fusion_report.analysis.bench.host_overhead [--profile]
 
 For calls whose GPU work lasts a few microseconds, `do_bench` measures the host path: the GPU waits
 for the next launch. This prints, per call, the host time (wall clock of many back-to-back calls,
@@ -20,8 +20,8 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 
-from ..kernels import layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
-from ..kernels import row_softmax as sm
+from ...kernels import layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
+from ...kernels import row_softmax as sm
 
 from .launch_cost import _noop1, _noop10, gpu_us, host_us
 

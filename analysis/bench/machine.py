@@ -18,11 +18,13 @@ import triton
 from . import schema
 from .timing import bench
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (installed: the package folder)
 
 
 # The code whose numbers a row holds, hashed: what a commit names, even from a copy without git.
-SOURCE_GLOBS = ("kernels/*.py", "analysis/*.py", "triton_fusion_report/*.py")
+# (The bench and the models; not analysis/book/, which reads rows and writes none.)
+SOURCE_GLOBS = ("kernels/*.py", "analysis/*.py", "analysis/bench/*.py", "analysis/model/*.py",
+                "triton_fusion_report/*.py")
 # The kernel modules each family's Triton implementations start from (their imports within
 # kernels/ are followed); every family also runs the package's entry points.
 FAMILY_KERNELS = {

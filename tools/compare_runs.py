@@ -1,6 +1,8 @@
-"""`python -m triton_fusion_report.analysis.compare_runs A B`: how far two results folders' timings
-of the same configurations are apart (a bench spread over GPUs against another run of it, a rerun
-against the committed reference).
+"""How far two results folders' timings of the same configurations are apart.
+
+    python tools/compare_runs.py A B
+
+E.g. a bench spread over GPUs against another run of it, a rerun against the committed reference.
 
 Per family, the configurations both folders measured (status ok, A's time at or over the floor,
 50 µs unless `--floor-us`): B's time over A's at the 5th, 50th and 95th percentile, and the share
@@ -15,8 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import schema
-from .append_run import CONFIG_COLUMNS, _key_text
+try:
+    import triton_fusion_report  # noqa: F401 - PYTHONPATH=. (as the Makefile sets) or installed
+except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from triton_fusion_report.analysis.bench import schema  # noqa: E402
+from triton_fusion_report.analysis.bench.append import CONFIG_COLUMNS, key_text  # noqa: E402
 
 TIMES = ("ms_median", "ms_device")
 
@@ -40,7 +47,7 @@ def paired(a: Path, b: Path, family: str) -> pd.DataFrame:
             return pd.DataFrame(columns=keys + [f"{t}_{s}" for t in TIMES for s in "ab"])
         rows = rows[rows["status"] == "ok"].copy()
         for k in keys:
-            rows[k] = rows[k].map(_key_text) if k in rows else ""
+            rows[k] = rows[k].map(key_text) if k in rows else ""
         sides.append(rows.drop_duplicates(keys, keep="last")[keys + list(TIMES)])
     return sides[0].merge(sides[1], on=keys, suffixes=("_a", "_b"))
 
@@ -70,7 +77,8 @@ def compare(a: Path, b: Path, floor_us: float = 50.0, tolerance: float = 0.03) -
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python tools/compare_runs.py",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path, help="the results folder taken as the base")
     ap.add_argument("b", type=Path, help="the results folder compared with it")
     ap.add_argument("--floor-us", type=float, default=50.0,

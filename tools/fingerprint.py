@@ -1,5 +1,7 @@
-"""`python -m triton_fusion_report.analysis.fingerprint --out F.json`: what every Triton implementation launches and
-returns on every smoke configuration, to show that a refactoring changed nothing.
+"""What the Triton implementations launch and return on the smoke grid: a refactoring's check.
+
+    python tools/fingerprint.py --out F.json
+    python tools/fingerprint.py --compare BEFORE.json AFTER.json
 
 For each family's smoke grid, each Triton variant runs once on inputs drawn from a fixed seed; the
 fingerprint records every kernel launch (kernel, grid, num_warps, num_stages, the scalar and
@@ -14,8 +16,14 @@ import hashlib
 import json
 import random
 import sys
+from pathlib import Path
 
 import torch
+
+try:
+    import triton_fusion_report  # noqa: F401 - PYTHONPATH=. (as the Makefile sets) or installed
+except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _describe(value):
@@ -32,7 +40,7 @@ def _record_launches(log: list):
     first launch, so it is off while recording."""
     from triton.runtime.jit import JITFunction
 
-    from ..kernels import _common
+    from triton_fusion_report.kernels import _common
 
     original, fast = JITFunction.run, _common.FAST_LAUNCH
     _common.FAST_LAUNCH = False
@@ -64,7 +72,7 @@ def _digest(out) -> str:
 def smoke_triton_calls(device: torch.device):
     """(key, fn, inputs) for every Triton implementation of every smoke configuration, with the
     seeds set so that the inputs are the same from run to run."""
-    from .__main__ import FAMILIES
+    from triton_fusion_report.analysis.bench.families import FAMILIES
 
     for family, problems in FAMILIES.items():
         for i, problem in enumerate(problems("smoke")):
@@ -105,7 +113,7 @@ def compare(a: dict, b: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.fingerprint",
+    ap = argparse.ArgumentParser(prog="python tools/fingerprint.py",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")

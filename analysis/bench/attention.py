@@ -7,10 +7,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import flash_attention as attn
-from ..kernels import softmax_v as smm
+from ...kernels import flash_attention as attn
+from ...kernels import softmax_v as smm
 
-from . import peers, traffic
+from ..model import traffic
+from . import peers
 from .sweep import Problem, Variant, compiled_variants, tf32
 
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
@@ -258,7 +259,7 @@ def attention_fwd_bwd_problems(grid: str = "full") -> list[Problem]:
 
 
 def attn_op(q, k, v, causal):
-    from ..kernels import attention
+    from ...kernels import attention
 
     return attention(q, k, v, causal)
 
@@ -314,52 +315,3 @@ def all_attention_problems(grid: str = "full") -> list[Problem]:
     """The attention family: forward, forward + backward, decoding."""
     return (attention_problems(grid) + attention_fwd_bwd_problems(grid)
             + attention_decode_problems(grid))
-
-
-# --- What the chapter concludes from the data --------------------------------------------------------
-
-
-def fwd_bwd_findings(rows) -> dict:
-    """TFLOP/s of forward + backward per (head_dim, seq, causal) and impl (ok rows, size sweep),
-    and the fused kernel's ratio to the fastest SDPA backend."""
-    ok = rows[(rows["status"] == "ok") & rows["tflops"].notna()]
-    table = ok.pivot_table(index=["head_dim", "seq", "causal"], columns="impl", values="tflops")
-    sdpa = [c for c in table.columns if c.startswith("sdpa_")]
-    out = dict(table=table)
-    if "triton_fused" in table and sdpa:
-        best = table[sdpa].max(axis=1)
-        out["vs_best_sdpa"] = table["triton_fused"] / best
-        out["best_sdpa"] = table[sdpa].idxmax(axis=1)
-    return out
-
-
-def decode_table(rows, time: str = "ms_device"):
-    """Decoding: achieved GB/s (model bytes over `time`) per (batch, heads, kv heads, seq_k) and
-    impl, and the fused kernel's time against the fastest SDPA backend's (x >= 1: faster)."""
-    import pandas as pd
-
-    ok = rows[(rows["status"] == "ok") & rows[time].notna()]
-    if len(ok) == 0:
-        return pd.DataFrame()
-    ok = ok.assign(gbps_t=ok["bytes_model"] / ok[time] / 1e6)
-    keys = ["batch", "heads", "kv_heads", "seq_k"]
-    gb = ok.pivot_table(index=keys, columns="impl", values="gbps_t")
-    ms = ok.pivot_table(index=keys, columns="impl", values=time)
-    sdpa = [c for c in ms.columns if c.startswith("sdpa_")]
-    if "triton_fused" in ms and sdpa:
-        gb["ours / fastest SDPA"] = ms[sdpa].min(axis=1) / ms["triton_fused"]
-    return gb
-
-
-def read_model_check(folder):
-    """model_check.csv and model_train.csv of a results folder (None where absent)."""
-    import pandas as pd
-    from pathlib import Path
-
-    from .book.data import data_file
-
-    out = {}
-    for name in ("model_check", "model_train"):
-        path = data_file(Path(folder), f"{name}.csv")
-        out[name] = pd.read_csv(path) if path.exists() else None
-    return out

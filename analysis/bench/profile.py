@@ -1,4 +1,4 @@
-"""`python -m triton_fusion_report.analysis.profile --out DIR`: the bytes each implementation moves
+"""`python -m triton_fusion_report.analysis.bench.profile --out DIR`: the bytes each implementation moves
 through DRAM, read from the GPU's counters by Nsight Compute, against the traffic model.
 
 For each family, one large configuration (CASES) and every implementation the sweep times on it:
@@ -53,7 +53,7 @@ CASES = [
 
 def find_problem(case):
     """The sweep's problem of a CASES entry (its full grid)."""
-    from .__main__ import FAMILIES
+    from .families import FAMILIES
     from .sweep import dtype_name
 
     family, op, dtype, shape = case
@@ -317,7 +317,7 @@ def _ncu_run(case_index: int, ncu: str, raw: Path, ncu_args: list, tag: str):
     log text), or (None, why it failed)."""
     order_file, log = raw / f"order_{tag}{case_index}.json", raw / f"ncu_{tag}{case_index}.csv"
     cmd = [ncu, "--csv", "--profile-from-start", "off", *ncu_args, "--log-file", str(log),
-           sys.executable, "-m", "triton_fusion_report.analysis.profile", "--worker",
+           sys.executable, "-m", "triton_fusion_report.analysis.bench.profile", "--worker",
            str(case_index), "--order", str(order_file)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 or not order_file.exists() or not log.exists():
@@ -392,7 +392,7 @@ def kept_rows(path: Path, cases: list[int]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.profile",
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench.profile",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="results folder: profile.parquet goes there")

@@ -1,18 +1,8 @@
-"""`python -m triton_fusion_report.analysis.append_run RUN INTO`: add the rows of a run to a results
-folder (e.g. rows measured alone with `--op` to the committed reference).
-
-Every family file of RUN is appended to INTO's, both brought to the current schema (shape columns
-added since a file was written take the value its rows had: `schema.ADDED_SHAPE_DEFAULTS`), and
-RUN's limits to INTO's limits.parquet, so that the new rows find the copy bandwidth of their own
-run (and its run records, runs.parquet, to INTO's). Nothing is replaced: a run already in INTO,
-or a row that repeats a configuration INTO already holds, is refused (remove old rows
-deliberately, by hand, if they are to be replaced).
-"""
+"""Adding the rows of one results folder to another's, each brought to the current schema: what
+`tools/append_run.py` does, and what the merge of a multi-worker bench's parts writes with."""
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -50,14 +40,14 @@ def _concat(old: pd.DataFrame, new: pd.DataFrame, arrow_schema: pa.Schema) -> pa
     return pa.concat_tables([_table(old, arrow_schema), _table(new, arrow_schema)])
 
 
-def _write(table: pa.Table, path: Path) -> None:
+def write(table: pa.Table, path: Path) -> None:
     """Atomically (tmp + rename)."""
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 
 
-def _key_text(value) -> str:
+def key_text(value) -> str:
     """A configuration value as text that two files agree on: a null (no block, no variant) is
     "", and a whole number the same whether its column came back as int or as float (with nulls)."""
     if value is None or (isinstance(value, float) and value != value):
@@ -73,7 +63,7 @@ def repeated_configs(old: pd.DataFrame, new: pd.DataFrame, family: str) -> pd.Da
     keys = CONFIG_COLUMNS + list(schema.FAMILY_SHAPES[family])
 
     def as_keys(df):
-        return df[keys].apply(lambda column: column.map(_key_text))
+        return df[keys].apply(lambda column: column.map(key_text))
 
     hit = as_keys(new).merge(as_keys(old).drop_duplicates(), on=keys, how="left", indicator=True)
     return new[(hit["_merge"] == "both").to_numpy()]
@@ -121,26 +111,7 @@ def append_run(run: Path, into: Path) -> dict[str, int]:
     for name, table in merged.items():
         target = into / f"{name}.parquet"
         before = pq.read_metadata(target).num_rows if target.exists() else 0
-        _write(table, target)
+        write(table, target)
         added[name] = table.num_rows - before
     return added
 
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.append_run",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="the results folder of the run to add")
-    ap.add_argument("into", type=Path, help="the results folder to add it to")
-    args = ap.parse_args(argv)
-    try:
-        added = append_run(args.run, args.into)
-    except (ValueError, FileNotFoundError) as exc:
-        ap.error(str(exc))
-    for name, n in added.items():
-        print(f"{name}: {n} rows added to {args.into / name}.parquet")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

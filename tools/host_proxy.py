@@ -1,7 +1,8 @@
-"""A CPU proxy of the per-call host cost of the public ops: their Python, and Triton's launch path
-down to the C launcher, without a GPU.
+"""A CPU proxy of the public ops' per-call host cost (Python and Triton's launch path), no GPU.
 
-    python -m triton_fusion_report.analysis.host_proxy [--calls N] [--check]
+    python tools/host_proxy.py [--calls N] [--check]
+
+Their Python, and Triton's launch path down to the C launcher, without a GPU.
 
 `simulated_gpu()` lets Triton's own JITFunction.run work on a machine without one: a stand-in
 driver (device 0, a fake stream, an sm_90 target), and compiled kernels that are never compiled,
@@ -24,6 +25,12 @@ import contextlib
 import os
 import sys
 import time
+from pathlib import Path
+
+try:
+    import triton_fusion_report  # noqa: F401 - PYTHONPATH (here or another checkout), or installed
+except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class CudaLauncher:
@@ -123,7 +130,7 @@ def simulated_gpu(calls=None, scratch=0):
 
 
 def _cases():
-    """(name, fn) of each public op at the tiny sizes of analysis/launch_cost.py, fp16, CPU."""
+    """(name, fn) of each public op at the tiny sizes of analysis/bench/launch_cost.py, fp16, CPU."""
     import torch
 
     from triton_fusion_report import kernels
@@ -268,7 +275,7 @@ def check_fast_path() -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.host_proxy",
+    ap = argparse.ArgumentParser(prog="python tools/host_proxy.py",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000, help="calls a batch (25 batches)")

@@ -1,0 +1,107 @@
+"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
+
+Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
+family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
+summary table at the end.
+
+--op keeps only the problems of the named ops (the `op` column: e.g. `softmax` is the softmax
+forward, `softmax_bwd` its backward, `layer_norm_fwd` / `layer_norm_bwd`), to measure new rows
+alone; `python tools/append_run.py` then adds them to a results folder.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# Autotuning results kept on disk, as Inductor and Triton keep compiled kernels (in
+# /tmp/torchinductor_$USER and ~/.triton/cache): a second run on the same machine skips the
+# compiling and tuning of the first (FlagGems' kernels autotune at every new shape).
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+
+import torch
+
+from . import schema, summary
+from .families import FAMILIES, select_problems
+from .run import lock, measure
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="results folder to create")
+    ap.add_argument("--grid", default="full", choices=["full", "smoke"])
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+                    help="family to sweep (repeatable; default: all)")
+    ap.add_argument("--op", action="append", metavar="NAME",
+                    help="keep only the problems of this op (repeatable; default: all), e.g. "
+                         "softmax_bwd for the softmax backward alone")
+    ap.add_argument("--where", action="append", metavar="COL=VALUE",
+                    help="keep only the problems whose shape has this value (repeatable), e.g. "
+                         "--where seq=4096 --where head_dim=128; COL=V1,V2 keeps either")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes sharing the configurations, one per GPU (default: every "
+                         "visible GPU; on the CPU 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the unfinished run in --out: only the configurations it has "
+                         "not written yet; one process keeps the run id and limits, several "
+                         "workers start runs of their own beside the stopped ones; refused if "
+                         "the commit, kernel sources, GPU or versions differ")
+    args = ap.parse_args(argv)
+    try:
+        problems = select_problems(args)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not args.resume:
+        # A new run starts its families' files afresh (and a multi-worker one clears .parts):
+        # into a folder that has them it would drop earlier runs' rows, their records kept.
+        held = sorted({p.family for p in problems if (args.out / f"{p.family}.parquet").exists()})
+        if held:
+            ap.error(f"{args.out} already holds {', '.join(held)} rows: give a new --out "
+                     f"(tools/append_run.py adds its rows here after), or --resume to continue "
+                     f"a stopped run")
+        if (args.out / ".parts").exists():
+            ap.error(f"{args.out} holds a stopped multi-worker bench (.parts): --resume continues it")
+    if torch.device(args.device).type == "cpu":
+        from ...kernels._common import interpreting
+
+        if not interpreting():
+            ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")
+    if args.workers is None:
+        cuda = torch.device(args.device).type == "cuda" and torch.device(args.device).index is None
+        args.workers = torch.cuda.device_count() if cuda else 1
+    if args.workers > 1 and torch.device(args.device).index is not None:
+        ap.error("--workers > 1 spreads over the visible GPUs: give --device cuda, not one GPU")
+    if torch.device(args.device).type == "cuda" and args.workers > torch.cuda.device_count():
+        ap.error(f"--workers {args.workers}: {torch.cuda.device_count()} GPU(s) visible; a worker "
+                 "per GPU (two on one GPU would time each other's kernels)")
+    args.argv = ["python -m triton_fusion_report.analysis.bench",
+                 *(argv if argv is not None else sys.argv[1:])]
+    return args, problems
+
+
+def main(argv=None) -> int:
+    args, problems = parse(argv)
+    held = lock(args.out)
+    try:
+        if args.workers > 1:
+            from . import workers  # multiprocessing: only where several workers run
+
+            paths = workers.run(args, problems)
+        else:
+            paths = measure(args, problems, args.out, torch.device(args.device))
+    finally:
+        os.close(held)
+    for family, path in paths.items():
+        print(summary.table(schema.read(path)))
+        print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The families a bench can sweep, each one's grid (from its grid module), and which problems a
+run takes of them (--family, --op, --where; the smoke grid without max-autotune)."""
+from __future__ import annotations
+
+from . import attention, elementwise, matmul_epilogue, reductions, sweep
+
+FAMILIES = {
+    "elementwise": elementwise.problems,
+    "softmax": reductions.softmax_problems,
+    "layernorm": reductions.layernorm_problems,
+    "softmax_matmul": attention.softmax_matmul_problems,
+    "attention": attention.all_attention_problems,
+    "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
+    "linear_act": matmul_epilogue.linear_act_problems,
+}
+
+
+def select_ops(problems: list[sweep.Problem], ops: list[str] | None) -> list[sweep.Problem]:
+    """The problems whose op is one of `ops` (all of them when `ops` is None). An op that none of
+    the problems has is an error naming the ones there are (a typo would otherwise measure
+    nothing and say nothing)."""
+    if not ops:
+        return problems
+    known = list(dict.fromkeys(p.op for p in problems))
+    unknown = [op for op in ops if op not in known]
+    if unknown:
+        raise ValueError(f"--op {', '.join(unknown)}: no such op in the families chosen; "
+                         f"their ops are {', '.join(known)}")
+    return [p for p in problems if p.op in ops]
+
+
+def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> list[sweep.Problem]:
+    """The problems whose shape has every COL=VALUE of `where` (a few headline shapes measured
+    alone; COL=V1,V2 keeps either value); a problem without the column is left out."""
+    if not where:
+        return problems
+    wanted = {}
+    for item in where:
+        col, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--where {item}: expected COLUMN=VALUE, e.g. seq=4096")
+        wanted[col] = [int(v) if v.lstrip("-").isdigit()
+                       else {"True": True, "False": False}.get(v, v) for v in value.split(",")]
+    return [p for p in problems
+            if all(col in p.shape and p.shape[col] in vs for col, vs in wanted.items())]
+
+
+def select_problems(args) -> list[sweep.Problem]:
+    """The grid's problems, in a fixed order (every worker builds the same list)."""
+    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
+    if args.grid == "smoke":  # toy shapes: max-autotune's search would be most of the run's time
+        for p in problems:
+            p.variants = [v for v in p.variants if v.impl != "torch_compile_max"]
+    chosen = select_shapes(select_ops(problems, args.op), args.where)
+    if args.where and not chosen:  # a typo'd column or value would measure nothing, silently
+        columns = sorted({c for p in problems for c in p.shape})
+        raise ValueError(f"--where {' '.join(args.where)}: no problem of the families and ops "
+                         f"chosen has that shape; their shape columns are {', '.join(columns)}")
+    return chosen

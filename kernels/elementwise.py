@@ -2,7 +2,7 @@
 
 Unfused, the sum `x + y` makes a round trip through device memory between two kernels; fused, it
 stays in registers. With z a full tensor that is 6N element moves against 4N; with z a scalar,
-5N against 3N (see analysis/traffic.py).
+5N against 3N (see analysis/model/traffic.py).
 
 z is a tensor broadcastable to x, or a Python number. A one-element z is loaded once per program;
 a z whose shape is a suffix of x's (e.g. a (H,) z for a (N, H) x) is read with a modulo index;

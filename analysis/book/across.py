@@ -19,7 +19,6 @@ from . import figures
 # --- whom to call: the fused kernel against the fastest other implementation --------------------
 
 # cuBLAS's matmul alone computes less than the op: a reference point, not a rival.
-NOT_RIVALS = ("triton_fused", "cublas")
 COMPILE = ("torch_compile", "torch_compile_max")
 TIE = 1.05  # within 5% of the fastest holds its place: a few percent is trial spread
 # Every op of a family's file counts (backward and decoding too), so the family's name alone.
@@ -41,7 +40,8 @@ def case_label(row: pd.Series, family: str) -> str:
             continue
         if col in ("kv_heads", "seq_k"):  # said only where they differ from the queries'
             same = row["heads"] if col == "kv_heads" else row["seq"]
-            words += [f"{int(v)} {'KV heads' if col == 'kv_heads' else 'keys'}"] if v != same else []
+            if v != same:
+                words.append(f"{int(v)} {'KV heads' if col == 'kv_heads' else 'keys'}")
         elif isinstance(v, (bool, np.bool_)):
             words += ["causal"] if v else []
         elif isinstance(v, str):
@@ -75,7 +75,7 @@ def place_cases(folders: list) -> pd.DataFrame:
             keys = ["op", "dtype", "precision"] + list(FAMILY_SHAPES[family])
             for _, case in df.groupby(keys, dropna=False, sort=False):
                 fused = case[case["impl"] == "triton_fused"]["_t"]
-                others = case[~case["impl"].isin(NOT_RIVALS)]
+                others = case[~case["impl"].isin(C.NOT_RIVALS)]
                 if not len(fused) or not len(others):
                     continue
                 best = others.loc[others["_t"].idxmin()]
@@ -189,7 +189,8 @@ def roofline_say(pts: pd.DataFrame) -> str:
     parts = []
     for bound, head, tail in (("memory", "under the bandwidth roof",
                                "of the measured copy bandwidth times their intensity"),
-                              ("matmul peak", "under the matmul peak", "of their precision's peak")):
+                              ("matmul peak", "under the matmul peak",
+                               "of their precision's peak")):
         sel = best[best["bound"] == bound]
         if len(sel):
             parts.append(f"{head}, " + ", ".join(f"{r.family} {D.num(100 * r.of_roof, 2)}%"
@@ -323,7 +324,7 @@ def launch_say(lc: dict) -> str:
     parts[-1] += (f", while their kernels take {span(gpu, '.1f')} µs of GPU time: at these sizes "
                   "the host sets the cost." if len(gpu) else ".")
     if "torch_eager" in host:
-        both = [op for op in ours.index if host.loc[op, "torch_eager"] == host.loc[op, "torch_eager"]]
+        both = [op for op in ours.index if pd.notna(host.loc[op, "torch_eager"])]
         faster = [LAUNCH_OPS[op] for op in both if host.loc[op, "torch_eager"] < ours[op]]
         parts.append(f"PyTorch eager is cheaper per call for {len(faster)} of {len(both)} ops"
                      + (f" ({', '.join(faster)})" if faster else "")
@@ -354,8 +355,8 @@ def fig_launch(c: dict):
     for impl in bars:  # ours in the fused kernel's colour
         color = figures.STYLE["triton_fused" if impl == "public" else impl]["color"]
         ax.barh(y + offset(impl), host[impl], height=h, color=color, label=LAUNCH_BARS[impl])
-    ax.scatter(lc["gpu_us"].reindex(host.index), y + offset("public"), marker="|", s=60, color="black", zorder=3,
-               label="ours: GPU time")
+    ax.scatter(lc["gpu_us"].reindex(host.index), y + offset("public"), marker="|", s=60,
+               color="black", zorder=3, label="ours: GPU time")
     if lc["floor_10"] == lc["floor_10"]:
         ax.axvline(lc["floor_10"], color="black", ls=":", lw=1, label="empty launch, 10 args")
     ax.set_yticks(y, [LAUNCH_OPS[op] for op in host.index])
@@ -393,7 +394,8 @@ def gpu_table(folders: list) -> tuple[pd.DataFrame, dict]:
 def gpu_display(t: pd.DataFrame) -> pd.DataFrame:
     wide = t.pivot_table(index=["family", "case"], columns="gpu", values=["us", "gain"],
                          sort=False).dropna()
-    wide.columns = [f"{'fused µs' if v == 'us' else '× unfused'} {gpu}" for v, gpu in wide.columns]
+    wide.columns = [f"{'fused µs' if v == 'us' else '× unfused'} {gpu}"
+                    for v, gpu in wide.columns]
     return wide.reset_index()
 
 

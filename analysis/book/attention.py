@@ -27,10 +27,6 @@ def _pick(values, preferred):  # the preferred value where present, else the lar
     return preferred if preferred in set(values) else max(values)
 
 
-def _range(s: pd.Series) -> str:
-    return D.range_text(s.min(), s.max(), ".2f") + "×"
-
-
 def _fastest_other(t: dict):  # the fastest impl that is not one of ours
     return min((k for k in t if not k.startswith("triton_")), key=t.get, default=None)
 
@@ -232,7 +228,7 @@ def _vs_text(r: pd.Series, whose: str) -> str:
     ahead, n = (r > 1).sum(), len(r)
     where = (f"ahead at {ahead} of {n} points" if 0 < ahead < n else
              ("ahead" if ahead else "behind") + (f" at all {n} points" if n > 1 else ""))
-    return f"{_range(r)} {whose} speed ({where})"
+    return f"{D.ratio_range(r)} {whose} speed ({where})"
 
 
 def _fwd_sentences(fwd: pd.DataFrame, rows: pd.DataFrame) -> dict:
@@ -267,7 +263,8 @@ def _fwd_sentences(fwd: pd.DataFrame, rows: pd.DataFrame) -> dict:
                            "runs at " + ", and ".join(sweep) + "." if sweep else ""))
     else:
         say["attn_fwd"] = D.lacking(f"fused attention rows at head_dim {hd}, {n} tokens")
-    dims = [f"at head_dim {d}, {_range(c)} cuDNN's speed and {_range(f)} FlashAttention-2's"
+    dims = [f"at head_dim {d}, {D.ratio_range(c)} cuDNN's speed and "
+            f"{D.ratio_range(f)} FlashAttention-2's"
             for d in sorted(set(rows["head_dim"]) - {hd})
             for c, f in [(_vs(rows, d, "sdpa_cudnn"), _vs(rows, d, "sdpa_flash"))]
             if len(c) and len(f)]
@@ -312,7 +309,7 @@ def _train_sentence(rows: pd.DataFrame) -> str:
     if not len(rows):
         return D.lacking("timed attention forward + backward rows")
     hd = _pick(rows["head_dim"], HEAD_DIM)
-    parts = [f"at head_dim {d}, {_range(best)} the speed of the fastest SDPA backend"
+    parts = [f"at head_dim {d}, {D.ratio_range(best)} the speed of the fastest SDPA backend"
              + (" and " + _vs_text(fa2, "FlashAttention-2's") if len(fa2) else "")
              for d in [hd] + sorted(set(rows["head_dim"]) - {hd})
              for best, fa2 in [(_vs(rows, d, SDPA), _vs(rows, d, "sdpa_flash"))] if len(best)]

@@ -38,8 +38,6 @@ SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
                "liger": "Liger", "flag_gems": "FlagGems"}
 # Dtype names short enough for a label.
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-# The Triton kernel libraries measured beside PyTorch where they have the op (analysis/bench/peers.py).
-PEERS = ["liger", "flag_gems"]
 
 
 
@@ -173,39 +171,10 @@ def short_commit(commit: str) -> str:
 
 
 
-# The limits' columns in the methods chapter: (metric, precision) -> label (bandwidths in GB/s,
-# matmul peaks in TFLOP/s).
-LIMIT_COLUMNS = {("copy_bw", "ieee"): "copy", ("stream_bw", "ieee"): "stream",
-                 ("spec_bw", "ieee"): "datasheet", ("matmul_peak", "fp16"): "fp16",
-                 ("matmul_peak", "bf16"): "bf16", ("matmul_peak", "tf32"): "TF32",
-                 ("matmul_peak", "ieee"): "fp32"}
 
-
-def limits_by_run(limits: pd.DataFrame) -> pd.DataFrame:
-    """One line per run (and GPU of the run), one column per limit (LIMIT_COLUMNS order); a
-    limit the run did not measure is NaN."""
-    if not len(limits):
-        return pd.DataFrame()
-    df = limits.copy()
-    df["gpu_index"] = df["gpu_index"].fillna(0) if "gpu_index" in df else 0
-    df["column"] = [LIMIT_COLUMNS.get((m, p), f"{m} {p}")
-                    for m, p in zip(df["metric"], df["precision"])]
-    wide = df.pivot_table(index=["started_at", "run_id", "gpu_index"], columns="column",
-                          values="value", aggfunc="first").reset_index().sort_values("started_at")
-    cols = [c for c in LIMIT_COLUMNS.values() if c in wide] + sorted(
-        c for c in wide.columns if c not in LIMIT_COLUMNS.values()
-        and c not in ("started_at", "run_id", "gpu_index"))
-    wide.insert(0, "run (UTC)", wide["started_at"].astype(str).str.slice(0, 16)
-                .str.replace("T", " "))
-    wide.insert(1, "GPU", [f"#{int(g)}" for g in wide["gpu_index"]])
-    return wide[["run (UTC)", "GPU", *cols]].reset_index(drop=True)
-
-
-def span(table: pd.DataFrame, column: str) -> tuple[float, float]:
-    """(lowest, highest) of a column; NaNs where the table has no such column or no value."""
-    if column not in table or table[column].isna().all():
-        return float("nan"), float("nan")
-    return float(table[column].min()), float(table[column].max())
+def ratio_range(r: pd.Series) -> str:
+    """The span of a series of ratios: "1.05 to 1.27×"."""
+    return range_text(r.min(), r.max(), ".2f") + "×"
 
 
 def range_text(lo: float, hi: float, fmt: str) -> str:

@@ -88,13 +88,13 @@ def _large(fp32: pd.DataFrame, stream_bw: float, copy_bw: float) -> dict:
 
 
 def _small(fp32: pd.DataFrame) -> dict:
-    fused = fp32[(fp32["impl"] == "triton_fused") & (fp32["z_kind"] == "tensor")] if len(fp32) else fp32
+    tensor = fp32[fp32["z_kind"] == "tensor"] if len(fp32) else fp32
+    fused = tensor[tensor["impl"] == "triton_fused"] if len(tensor) else tensor
     if not len(fused) or fused["n"].nunique() < 2 or not fused["device"].any():
         return {"small": D.lacking("device times of the fused kernel at several sizes")}
     dev = fused[fused["device"]].groupby("n")["t_ms"].min()
     flat = int(dev[dev <= FLAT * dev.iloc[0]].index.max())
-    smallest = fp32[(fp32["n"] == dev.index[0]) & (fp32["z_kind"] == "tensor")]
-    t = D.times(smallest)
+    t = D.times(tensor[tensor["n"] == dev.index[0]])
     one = [t[k] for k in ("triton_fused", "torch_compile") if k in t]
     two = [t[k] for k in ("triton_unfused", "torch_eager") if k in t]
     pair = (f" At {D.pow2(dev.index[0])} elements one kernel takes "
@@ -115,7 +115,8 @@ def _half(rows: pd.DataFrame) -> str:
     for dtype, g in half[half["n"] == n].groupby("dtype"):
         t = D.times(g)
         if "triton_fused" in t and "triton_unfused" in t:
-            out.append(f"{D.SHORT_DTYPE.get(dtype, dtype)} {t['triton_unfused'] / t['triton_fused']:.2f}×")
+            gain = t["triton_unfused"] / t["triton_fused"]
+            out.append(f"{D.SHORT_DTYPE.get(dtype, dtype)} {gain:.2f}×")
     if not out:
         return D.lacking("half-precision rows with both Triton versions timed")
     return (f"In half precision at n = {D.pow2(n)} the gain over the unfused pair is the same "
@@ -135,7 +136,8 @@ def _blocks(df: pd.DataFrame) -> str:
             spreads.append((wide.max() - wide.min()) / wide.max())
     if not spreads:
         return D.lacking("block sizes of 256 and up")
-    return (f"The block size hardly matters for a streaming kernel: at n = {D.pow2(big['n'].max())} "
+    return ("The block size hardly matters for a streaming kernel: at "
+            f"n = {D.pow2(big['n'].max())} "
             f"every block from 256 elements up lands within {100 * max(spreads):.1f}% of the best, "
             "in both Triton kernels and with either kind of `z` (@sec-data has the sweep).")
 

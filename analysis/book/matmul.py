@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..model import traffic
+from ..model.roofline import model_ms
 from . import data as D
 from . import figures
 
@@ -65,9 +66,8 @@ def _per_shape(rows: pd.DataFrame) -> dict:  # (m, k, n) -> {impl: ms}, in the r
 
 
 def _roofline_ms(kernels, bw: float, peak: float) -> float:
-    """Per kernel the longer of bytes at the copy bandwidth and FLOPs at the peak, summed."""
-    return sum(max(k.total / bw / 1e6, k.flops / peak / 1e9) for k in kernels) \
-        if bw == bw and peak == peak else math.nan
+    """The roofline model's time, NaN where the run measured no bandwidth or peak."""
+    return model_ms(kernels, bw, peak) if bw == bw and peak == peak else math.nan
 
 
 def _kernels(shape, impl, method=None):

@@ -111,17 +111,13 @@ def _who(names) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def _ratio_range(r: pd.Series) -> str:  # "a to b×"
-    return D.range_text(r.min(), r.max(), ".2f") + "×"
-
-
 def _faster(st: pd.DataFrame, column: str, name: str = "") -> str:
     """The fused kernel's speed over `column`'s ("a to b×"; with `name`, "a to b× faster than
     name" or "a to b× the speed of name"), "" if never timed."""
     r = (st[column] / st["fused"]).dropna() if len(st) else st
     if not len(r) or not name:
-        return _ratio_range(r) if len(r) else ""
-    return _ratio_range(r) + (f" faster than {name}" if r.min() > 1 else f" the speed of {name}")
+        return D.ratio_range(r) if len(r) else ""
+    return D.ratio_range(r) + (f" faster than {name}" if r.min() > 1 else f" the speed of {name}")
 
 
 def _standing_text(st: pd.DataFrame, what: str) -> str:
@@ -134,13 +130,13 @@ def _standing_text(st: pd.DataFrame, what: str) -> str:
     ahead, level, behind = st[r > 1 + TIE], st[(r - 1).abs() <= TIE], st[r < 1 - TIE]
     if len(ahead):
         parts.append(f"ahead at {_widths(ahead['width'], every)}, where the fastest other "
-                     f"({_who(ahead['best'])}) takes {_ratio_range(r[ahead.index])} its time")
+                     f"({_who(ahead['best'])}) takes {D.ratio_range(r[ahead.index])} its time")
     if len(level):
         parts.append(f"level, within {TIE:.0%}, at {_widths(level['width'], every)} "
                      f"({_who(level['best'])})")
     if len(behind):
         parts.append(f"behind at {_widths(behind['width'], every)}, where "
-                     f"{_who(behind['best'])} takes {_ratio_range(r[behind.index])} its time")
+                     f"{_who(behind['best'])} takes {D.ratio_range(r[behind.index])} its time")
     return (f"Against the fastest other implementation at each width, {what} is "
             + "; ".join(parts) + ".")
 
@@ -406,10 +402,10 @@ def _users_sentence(users: pd.DataFrame) -> str:
         ahead, behind = g[r > 1 + TIE], g[r < 1 - TIE]
         level = g.drop(ahead.index.union(behind.index))
         said = [f"ahead at {', '.join(ahead['shape'])} (the fastest other takes "
-                f"{_ratio_range(r[ahead.index])} its time)"] if len(ahead) else []
+                f"{D.ratio_range(r[ahead.index])} its time)"] if len(ahead) else []
         if len(behind):
             said.append(f"behind at {', '.join(behind['shape'])} ({_who(behind['best'])}: "
-                        f"{_ratio_range(r[behind.index])})")
+                        f"{D.ratio_range(r[behind.index])})")
         if len(level):
             said.append(f"level at {', '.join(level['shape'])}")
         name = "forward" if direction == "fwd" else "backward"

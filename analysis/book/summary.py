@@ -8,9 +8,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from . import cases, data as D, figures
+from . import across, cases, data as D, figures
 
-NOT_COMPETING = ("triton_fused", "cublas")  # cuBLAS's matmul alone computes less than the op
 MEMORY_BOUND = 10  # FLOP per byte below which a family's headline is bound by bandwidth
 TIE = 0.03  # a few percent is the spread of repeated runs: a tie, not a finding
 
@@ -23,7 +22,7 @@ def compute(folders: list) -> dict:
     pvm = cases.predicted_vs_measured(frames, limits)
     gpu = D.gpu_label(D.gpu_of(folder))
     say = {"data": _data_line(folder, frames)}
-    say.update(_sentences(table, pvm, D.load_csv(folder, "launch_cost")))
+    say.update(_sentences(table, pvm, across.launch(folder)))
     return dict(table=table, pvm=pvm, gpu=gpu, say=say)
 
 
@@ -49,7 +48,7 @@ def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
             continue
         t = cases.times_of(df, case.where)
         fused = t["triton_fused"]
-        others = {k: v for k, v in t.items() if k not in NOT_COMPETING}
+        others = {k: v for k, v in t.items() if k not in cases.NOT_RIVALS}
         best = min(others, key=others.get) if others else None
         run = D.run_of(cases._select(df, case.where))
         bw = D.limit(limits, "copy_bw", run_id=run)
@@ -60,9 +59,11 @@ def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
         peaks = cases._select(df, case.where).groupby("impl")["peak_mib"].min()
         out.append(dict(
             family=cases.FAMILY_LABEL[family], case=case.label, intensity=case.intensity,
-            predicted=predicted, measured=t["triton_unfused"] / fused if "triton_unfused" in t else np.nan,
+            predicted=predicted,
+            measured=t["triton_unfused"] / fused if "triton_unfused" in t else np.nan,
             best=best, vs_best=others[best] / fused if best else np.nan,
-            peak_fused=peaks.get("triton_fused", np.nan), peak_eager=peaks.get("torch_eager", np.nan),
+            peak_fused=peaks.get("triton_fused", np.nan),
+            peak_eager=peaks.get("torch_eager", np.nan),
             _family=family))
     return pd.DataFrame(out)
 
@@ -84,7 +85,8 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "family, headline case": [f"{r.family}: {r.case}" for r in table.itertuples()],
         "model ×": table["predicted"].map(x),
         "measured ×": table["measured"].map(x),
-        "fastest other": [D.SHORT_LABEL.get(b, b) if isinstance(b, str) else "—" for b in table["best"]],
+        "fastest other": [D.SHORT_LABEL.get(b, b) if isinstance(b, str) else "—"
+                          for b in table["best"]],
         "its time / fused": table["vs_best"].map(x),
         "peak MiB eager → fused": [memory(r) for r in table.itertuples()],
     })
@@ -94,7 +96,7 @@ def _names(rows: pd.DataFrame) -> str:
     return ", ".join(rows["family"])
 
 
-def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> dict:
+def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: dict) -> dict:
     if not len(table):
         missing = D.lacking("family with its fused and unfused kernels timed at a headline size")
         return {k: missing for k in ("bound", "compute", "quadratic", "place", "small")}
@@ -114,7 +116,8 @@ def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> 
             "model predicts from the bytes alone.")
     else:
         say["bound"] = D.lacking("memory-bound family with both Triton versions timed")
-    heavy = table[(table["intensity"] >= MEMORY_BOUND) & ~table["_family"].isin(["attention", "softmax_matmul"])]
+    quadratic = table["_family"].isin(["attention", "softmax_matmul"])
+    heavy = table[(table["intensity"] >= MEMORY_BOUND) & ~quadratic]
     heavy = heavy.dropna(subset=["measured"])
     if len(heavy):
         small = (heavy["measured"] - 1).abs().max() <= 0.1
@@ -127,17 +130,19 @@ def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> 
                               "cores' peak (@sec-matmul)." if small else " (@sec-matmul)."))
     else:
         say["compute"] = D.lacking("matmul family with both Triton versions timed")
-    quad = table[table["_family"].isin(["attention", "softmax_matmul"])].dropna(subset=["measured"])
+    quad = table[quadratic].dropna(subset=["measured"])
     if len(quad):
         say["quadratic"] = (
             "**The largest wins come where the intermediate is quadratic.** Attention's scores "
             "and softmax(X) @ V's probabilities never reach memory in the fused kernels: "
             + "; ".join(f"{r.family} {r.measured:.2f}× faster than unfused"
                         + (f", peak memory {D.num(r.peak_eager)} → {D.num(r.peak_fused)} MiB "
-                           "against eager" if r.peak_eager == r.peak_eager and r.peak_fused == r.peak_fused else "")
+                           "against eager" if pd.notna(r.peak_eager) and pd.notna(r.peak_fused)
+                           else "")
                         for r in quad.itertuples()) + ".")
     else:
-        say["quadratic"] = D.lacking("attention or softmax(X) @ V rows with both Triton versions timed")
+        say["quadratic"] = D.lacking("attention or softmax(X) @ V rows with both Triton "
+                                     "versions timed")
     placed = table.dropna(subset=["vs_best"])
     if len(placed):
         ahead = placed[placed["vs_best"] > 1 + TIE]
@@ -150,7 +155,8 @@ def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> 
                  + f", tied in {len(tied)}" + (f" ({_names(tied)})" if len(tied) else "")]
         if len(behind):
             parts.append(f"and behind in {len(behind)}: " + "; ".join(
-                f"{r.family} ({D.IMPL_LABEL.get(r.best, r.best)} is {100 * (1 / r.vs_best - 1):.0f}% faster)"
+                f"{r.family} ({D.IMPL_LABEL.get(r.best, r.best)} is "
+                f"{100 * (1 / r.vs_best - 1):.0f}% faster)"
                 for r in behind.itertuples()))
         say["place"] = ", ".join(parts) + (". A compiler or library that ties is the better "
                                           "choice: it costs no kernel to maintain.")
@@ -160,17 +166,15 @@ def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: pd.DataFrame) -> 
     return say
 
 
-def _small(launch: pd.DataFrame) -> str:
-    """Tiny sizes: the host's cost per call, ours against eager's and an empty launch's."""
-    if not len(launch) or "host_us" not in launch:
-        return D.lacking("host timings of tiny calls")
-    ok = launch[launch["error"].isna()] if "error" in launch else launch
-    ops = ok[ok["op"].isin(["add_mul", "softmax", "layer_norm"])]
-    pub = ops[ops["impl"] == "public"]["host_us"]
-    eager = ops[ops["impl"] == "torch_eager"]["host_us"]
-    empty = ok[ok["impl"] == "triton_noop"]["host_us"]
-    if not len(pub) or not len(eager):
+def _small(lc: dict) -> str:
+    """Tiny sizes: the host's cost per call (`across.launch`), ours against eager's and an
+    empty launch's."""
+    host = lc.get("host", pd.DataFrame()).reindex(["add_mul", "softmax", "layer_norm"])
+    if "public" not in host or "torch_eager" not in host or not host["public"].notna().any() \
+            or not host["torch_eager"].notna().any():
         return D.lacking("host timings of our ops and eager's at the same tiny sizes")
+    pub, eager = host["public"].dropna(), host["torch_eager"].dropna()
+    empty = pd.Series([lc["floor_1"], lc["floor_10"]]).dropna()
     floor = (f", against {D.range_text(empty.min(), empty.max(), '.0f')} µs for an empty Triton "
              "kernel's launch" if len(empty) else "")
     return (f"**At small sizes the host decides, not the bytes.** Below a few tens of microseconds "
@@ -187,7 +191,8 @@ def fig_predicted(c: dict):
         return figures.no_data("No configuration with both Triton versions timed in these data.")
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for i, (family, g) in enumerate(pvm.groupby("family", sort=False)):
-        ax.scatter(g["predicted"], g["measured"], s=18, label=cases.FAMILY_LABEL[family], color=f"C{i}")
+        ax.scatter(g["predicted"], g["measured"], s=18, label=cases.FAMILY_LABEL[family],
+                   color=f"C{i}")
     lo = min(pvm["predicted"].min(), pvm["measured"].min()) * 0.8
     hi = max(pvm["predicted"].max(), pvm["measured"].max()) * 1.25
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls=":", label="model = measurement")

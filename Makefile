@@ -27,7 +27,11 @@ BENCH_OUT ?= results/runs/$(RUN_ID)
 # synthesis compares the GPUs of all), e.g. RESULTS="results/reference/h100 results/reference/h200".
 RESULTS ?= $(REFERENCES)
 SPACE := $(subst ,, )
+# The bench's grid: book (what the book shows, ~5 min on one H100), full (the references), smoke.
+GRID ?= book
 BENCH_ARGS ?=
+# Test processes (pytest-xdist): the compiling is most of a test run's time, and parallel.
+JOBS ?= auto
 OUTPUT_DIR := _output
 BOOK_PDF := kernel-fusion-in-triton.pdf
 
@@ -40,7 +44,8 @@ help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## /  make \1\t/' | expand -t 20
 	@echo "Variables: PYTHON=<interpreter> (reuse one, install nothing), RESULTS='<dir> ...' (render),"
-	@echo "           BENCH_OUT=<dir>, BENCH_ARGS='--grid smoke --family elementwise' (bench)"
+	@echo "           GRID=book|full|smoke, BENCH_OUT=<dir>, BENCH_ARGS='--family elementwise' (bench),"
+	@echo "           JOBS=<test processes, default auto>"
 
 setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependencies (once)
 
@@ -57,20 +62,23 @@ $(VENV)/.installed: requirements.txt
 	@touch $@
 
 test: setup ## fast correctness tests: every op and kernel path on the fewest shapes (GPU if present, else the interpreter)
-	$(RUN_PY) -m pytest -q -m "not full" tests
+	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 8 -m "not full" tests
 
 test-all: setup ## every correctness test: the whole matrix of shapes, dtypes and options (what CI runs)
-	$(RUN_PY) -m pytest -q tests
+	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 8 tests
 
-bench: setup ## run the sweeps and their tail steps (docs/benchmarking.md) on the GPU into results/runs/<time>/
+bench: setup ## GPU: the sweeps of GRID (book, full or smoke) and their tail steps into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
-	$(RUN_PY) -m triton_fusion_report.analysis.bench --out $(BENCH_OUT) $(BENCH_ARGS)
-	@# The full bench includes seed 002's own protocol (the attention chapter shows its CSV).
-	@if [ -z "$(BENCH_ARGS)" ]; then $(RUN_PY) -m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT) && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.bench.host_overhead --out $(BENCH_OUT)/host_overhead.csv && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.bench.launch_cost --out $(BENCH_OUT)/launch_cost.csv && \
-	  $(RUN_PY) -m triton_fusion_report.analysis.bench.model_check --out $(BENCH_OUT); fi
+	@$(call timed,sweep,-m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) $(BENCH_ARGS))
+	@# Seed 002's own protocol (the attention chapter shows its CSV), launch costs, GPT-2.
+	@if [ -z "$(BENCH_ARGS)" ] && [ "$(GRID)" != smoke ]; then \
+	  $(call timed,seed002,-m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT)) && \
+	  $(call timed,launch_cost,-m triton_fusion_report.analysis.bench.launch_cost --out $(BENCH_OUT)/launch_cost.csv) && \
+	  $(call timed,model_check,-m triton_fusion_report.analysis.bench.model_check --out $(BENCH_OUT)); fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
+
+# $(call timed,NAME,ARGS): run the Python module command ARGS and print its wall time.
+timed = t=$$(date +%s); $(RUN_PY) $(2) && echo "bench: $(1) $$(( $$(date +%s) - t )) s"
 
 profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel into BENCH_OUT/profile.parquet, the matmul kernels' details into profile_details.parquet
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }

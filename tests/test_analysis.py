@@ -1323,3 +1323,30 @@ def test_compare_runs_pairs_configurations_and_reads_workers_parts(tmp_path, cap
     assert C.main([str(ref), str(empty)]) == 1
     assert C.main([str(ref), str(b)]) == 0
     assert "within" in capsys.readouterr().out
+
+
+def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
+    """The default grid: each family's problems a subset of the full grid's, its headline case
+    among them with every baseline, and the searching baselines nowhere else."""
+    from types import SimpleNamespace
+
+    def key(p):
+        return (p.op, p.precision, tuple(sorted(p.shape.items())))
+
+    for family in families.FAMILIES:
+        args = SimpleNamespace(grid="book", family=[family], op=None, where=None)
+        book = families.select_problems(args)
+        full = {key(p): p for p in families.FAMILIES[family]("full")}
+        assert book and all(key(p) in full for p in book), family
+        heads = [p for p in book if families.is_headline(p)]
+        assert heads, f"{family}: the book grid lacks its headline case"
+        for p in book:
+            impls = {v.impl for v in p.variants}
+            searching = {i for f, i in families.SEARCHING if f == family}
+            left_out = {i for f, i in families.BOOK_LEAVES_OUT if f == family}
+            if p in heads:
+                want = {v.impl for v in full[key(p)].variants} - left_out
+                assert want == impls, family
+            else:
+                assert not impls & (searching | left_out), (family, p.shape)
+    assert families.TRIALS == {"book": 1, "full": 3, "smoke": 1}

@@ -1,4 +1,4 @@
-"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
+"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid book|full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
 
 Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
 family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
@@ -23,7 +23,7 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 import torch
 
 from . import schema, summary
-from .families import FAMILIES, select_problems
+from .families import FAMILIES, GRIDS, select_problems
 from .run import lock, measure
 
 
@@ -32,7 +32,9 @@ def parse(argv=None):
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="results folder to create")
-    ap.add_argument("--grid", default="full", choices=["full", "smoke"])
+    ap.add_argument("--grid", default="book", choices=GRIDS,
+                    help="book: the sizes the book shows, one trial (default); full: every size, "
+                         "block and baseline, three trials; smoke: toy shapes")
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
                     help="family to sweep (repeatable; default: all)")
     ap.add_argument("--op", action="append", metavar="NAME",

@@ -25,6 +25,8 @@ SMM_GRIDS = {
     # (batch, d1, d3), d2 values, dtypes, blocks of the seed's sweep
     "full": dict(batch=16, d1=2048, d3=512, d2=SEED_D2, blocks=SEED_BLOCKS,
                  half_d2=[1024, 8192]),
+    "book": dict(batch=16, d1=2048, d3=512, d2=[64, 1024, 8192], blocks=SEED_BLOCKS,
+                 half_d2=[8192]),
     "smoke": dict(batch=2, d1=33, d3=19, d2=[40], blocks=[16], half_d2=[40]),
 }
 
@@ -78,6 +80,9 @@ ATTN_GRIDS = {
     # odd_seqs: lengths no block divides (the last tile masked), at head_dim 64 and 128.
     "full": dict(seqs=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
                  odd_seqs=[1000, 3001], dtype=torch.float16, unfused_max_seq=4096),
+    # head_dim 128's sequence sweep; head_dim 64 at 4096 (its tuning is a compile of its own).
+    "book": dict(seqs=[1024, 4096, 16384], head_dims=[128], odd_seqs=[3001], extra=[(64, 4096)],
+                 dtype=torch.float16, unfused_max_seq=4096),
     "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, unfused_max_seq=64,
                   tokens=74, model_dim=32),
 }
@@ -145,6 +150,7 @@ def attention_problems(grid: str = "full") -> list[Problem]:
     out = []
     cases = [(d, n) for d in g["head_dims"] for n in g["seqs"]]
     cases += [(d, n) for d in (64, 128) if d in g["head_dims"] for n in g.get("odd_seqs", [])]
+    cases += g.get("extra", [])
     for head_dim, seq in cases:
         batch, heads = max(1, tokens // seq), model_dim // head_dim
         for causal in (False, True):
@@ -183,6 +189,7 @@ def attention_problems(grid: str = "full") -> list[Problem]:
 BWD_GRIDS = {
     "full": dict(seqs=[1024, 4096, 16384], head_dims=[64, 128], odd_seqs=[3001],
                  dtype=torch.float16),
+    "book": dict(seqs=[4096], head_dims=[128], dtype=torch.float16),
     "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, tokens=74, model_dim=32),
 }
 
@@ -270,6 +277,8 @@ DECODE_GRIDS = {
     # (batch, heads, kv_heads): batch 1 and 8, every head its own k/v or 4 query heads per k/v
     "full": dict(heads=[(1, 32, 32), (8, 32, 32), (1, 32, 8), (8, 32, 8)],
                  seq_k=[4096, 8192, 16384, 32768, 5000], head_dim=128, dtype=torch.float16),
+    "book": dict(heads=[(8, 32, 32), (8, 32, 8)], seq_k=[4096, 32768, 5000], head_dim=128,
+                 dtype=torch.float16),
     "smoke": dict(heads=[(1, 4, 2)], seq_k=[300], head_dim=32, dtype=torch.float16),
 }
 

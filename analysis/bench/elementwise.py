@@ -1,4 +1,4 @@
-"""The add-multiply family's sweep grid: sizes 2^12..2^28, block sizes 128..4096."""
+"""The add-multiply family's sweep grids: sizes 2^12..2^28, block sizes 128..4096."""
 from __future__ import annotations
 
 import functools
@@ -21,6 +21,14 @@ GRIDS = {
         sizes={torch.float32: [2**k for k in range(12, 29)] + [10**8],
                torch.float16: [2**20, 2**24, 2**27], torch.bfloat16: [2**20, 2**24, 2**27]},
         block_sizes=[2**20, 2**24, 2**27],
+        blocks=[128, 256, 512, 1024, 2048, 4096],
+    ),
+    # What the book shows: every other size of the full grid's range, the other dtypes at the
+    # headline size, the block sweep at one size.
+    "book": dict(
+        sizes={torch.float32: [2**12, 2**16, 2**20, 2**24, 2**27, 2**28],
+               torch.float16: [2**27], torch.bfloat16: [2**27]},
+        block_sizes=[2**24],
         blocks=[128, 256, 512, 1024, 2048, 4096],
     ),
     # For the CPU interpreter: odd sizes, a couple of blocks.

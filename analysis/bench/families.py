@@ -1,7 +1,16 @@
 """The families a bench can sweep, each one's grid (from its grid module), and which problems a
-run takes of them (--family, --op, --where; the smoke grid without max-autotune)."""
+run takes of them (--family, --grid, --op, --where).
+
+Three grids:
+- "book" (the default): the sizes the book's figures and tables show, one trial per
+  configuration, and the two baselines that search at every new shape (torch.compile's
+  max-autotune, FlagGems' autotuned attention) at each family's headline case only.
+- "full": every size, block and baseline, three trials: what builds the committed references.
+- "smoke": toy shapes, one trial, no max-autotune (the pipeline's check, on a CPU or a GPU).
+"""
 from __future__ import annotations
 
+from ..book.cases import HEADLINES
 from . import attention, elementwise, matmul_epilogue, reductions, sweep
 
 FAMILIES = {
@@ -13,6 +22,22 @@ FAMILIES = {
     "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
     "linear_act": matmul_epilogue.linear_act_problems,
 }
+
+
+GRIDS = ("book", "full", "smoke")
+TRIALS = {"book": 1, "full": 3, "smoke": 1}
+# Baselines that search (compile and time many candidates) at every new shape: in the book grid,
+# only at the headline case, where the book compares against them by name; FlagGems' attention
+# (40 s at the headline alone, behind cuDNN and FlashAttention) not at all.
+SEARCHING = {("layernorm", "flag_gems"), *((f, "torch_compile_max") for f in FAMILIES)}
+BOOK_LEAVES_OUT = {("attention", "flag_gems")}
+
+
+def is_headline(p: sweep.Problem) -> bool:
+    """Whether the problem is its family's headline case (the book's first HEADLINES entry)."""
+    want = HEADLINES[p.family][0]
+    have = {**p.shape, "dtype": sweep.dtype_name(p.dtype), "precision": p.precision}
+    return all(have.get(k) == v for k, v in want.items())
 
 
 def select_ops(problems: list[sweep.Problem], ops: list[str] | None) -> list[sweep.Problem]:
@@ -48,9 +73,12 @@ def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> lis
 def select_problems(args) -> list[sweep.Problem]:
     """The grid's problems, in a fixed order (every worker builds the same list)."""
     problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
-    if args.grid == "smoke":  # toy shapes: max-autotune's search would be most of the run's time
-        for p in problems:
+    for p in problems:
+        if args.grid == "smoke":  # toy shapes: max-autotune's search would be most of the time
             p.variants = [v for v in p.variants if v.impl != "torch_compile_max"]
+        elif args.grid == "book":
+            dropped = BOOK_LEAVES_OUT | (set() if is_headline(p) else SEARCHING)
+            p.variants = [v for v in p.variants if (p.family, v.impl) not in dropped]
     chosen = select_shapes(select_ops(problems, args.op), args.where)
     if args.where and not chosen:  # a typo'd column or value would measure nothing, silently
         columns = sorted({c for p in problems for c in p.shape})

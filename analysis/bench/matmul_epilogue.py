@@ -34,6 +34,12 @@ MS_GRIDS = {
             (2048, 256, 1000), (512, 4096, 200), (8192, 1536, 3000),
             *MS_HELD_OUT],
     },
+    # The seed's shapes in float16, its largest in float32; three vocabulary-sized heads.
+    "book": {
+        torch.float32: SEED_SHAPES[-1:],
+        torch.float16: SEED_SHAPES + [(16384, 1024, 32000), (4096, 1024, 128256),
+                                      (4096, 768, 50257)],
+    },
     "smoke": {torch.float32: [(33, 70, 50)], torch.float16: [(40, 64, 300)]},
 }
 LA_GRIDS = {
@@ -43,6 +49,7 @@ LA_GRIDS = {
              (torch.float16, 4096, 5120, 13824, "gelu")],  # a 13B model's MLP: odd N
     "smoke": [(torch.float16, 64, 48, 80, "gelu"), (torch.float32, 33, 40, 20, "relu")],
 }
+LA_GRIDS["book"] = LA_GRIDS["full"]
 
 
 def _name(dtype):

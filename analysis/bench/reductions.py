@@ -33,6 +33,18 @@ GRIDS = {
                    torch.float32: [(4096, 1024), (4096, 4096), (4096, 16384)],
                    torch.bfloat16: [(4096, 4096), (4096, 5120)]},
     ),
+    # What the book shows: the width sweep at every other power of two, the odd widths, float16
+    # at the vocabulary's width; the paths against each other at their default tiles (no tile
+    # or warps sweep); bfloat16 (which tracks float16) left out.
+    "book": dict(
+        softmax={torch.float32: [(4096, 2**k) for k in (10, 12, 14, 16, 18)]
+                 + [(4096, 50257), (8, 50257)],
+                 torch.float16: [(4096, 50257)]},
+        softmax_sweep=[],
+        warps=[1, 2, 4, 8, 16, 32],
+        tiles=[1024, 2048, 4096, 8192, 16384, 32768],
+        layernorm={torch.float16: [(4096, w) for w in (1024, 4096, 16384)] + [(8, 5120)]},
+    ),
     "smoke": dict(
         softmax={torch.float32: [(3, 1000), (2, 40000)], torch.float16: [(5, 257)]},
         softmax_sweep=[(3, 1000)],

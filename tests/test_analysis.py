@@ -1121,8 +1121,9 @@ def _a_finished_run(dst: Path, commit: str = "c" * 40, run_id: str = "20261126T0
     for path in smoke.glob("*.parquet"):
         df = pd.read_parquet(path)
         df["run_id"], df["git_commit"] = run_id, commit
-        if path.name == "runs.parquet":
+        if path.name == "runs.parquet":  # a smoke run, relabelled as the full grid's too
             df["git_clean"] = True
+            df["argv"] = df["argv"].str.replace("--grid smoke", "--grid full")
         df.to_parquet(dst / path.name)
     shutil.copy(smoke / "limits.parquet", dst / "limits.parquet")
     lim = pd.read_parquet(dst / "limits.parquet").assign(run_id=run_id, git_commit=commit)
@@ -1156,10 +1157,12 @@ def test_promote_refuses_a_patchwork(tmp_path):
     df.loc[df.index[0], "run_id"] = "20261125T000000Z-other0"
     df.to_parquet(run / "softmax.parquet")
     rec = pd.read_parquet(run / "runs.parquet").assign(status="running", git_clean=False)
+    rec["argv"] = rec["argv"].str.replace("--grid full", "--grid book")
     rec.to_parquet(run / "runs.parquet")
     (run / "attention.parquet").unlink()
     why = "\n".join(promote.problems(run))
-    for expected in ("running", "not clean", "attention.parquet is missing", "softmax.parquet: run_id"):
+    for expected in ("running", "not clean", "attention.parquet is missing", "softmax.parquet: run_id",
+                     "not the full grid"):
         assert expected in why
     into = tmp_path / "ref"
     into.mkdir()

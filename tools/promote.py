@@ -81,6 +81,10 @@ def bench_problems(rec: pd.DataFrame) -> list[str]:
             out.append(f"{len(rec)} run records of different {column}: "
                        f"{sorted(set(rec[column].astype(str)))}")
     for _, r in rec.iterrows():
+        # The grid is in every run's command line since the default became the book's subset;
+        # before, a run without one was of the full grid.
+        if "--grid" in str(r.get("argv", "")) and "--grid full" not in str(r["argv"]):
+            out.append(f"run {r['run_id']}: not the full grid (make bench GRID=full)")
         if not bool(r.get("git_clean", False)):
             out.append(f"run {r['run_id']}: the tree was not clean ({r['git_commit']})")
     if len(rec) > 1:

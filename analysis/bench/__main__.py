@@ -82,8 +82,10 @@ def parse(argv=None):
     if torch.device(args.device).type == "cuda" and args.workers > torch.cuda.device_count():
         ap.error(f"--workers {args.workers}: {torch.cuda.device_count()} GPU(s) visible; a worker "
                  "per GPU (two on one GPU would time each other's kernels)")
-    args.argv = ["python -m triton_fusion_report.analysis.bench",
-                 *(argv if argv is not None else sys.argv[1:])]
+    given = list(argv if argv is not None else sys.argv[1:])
+    if "--grid" not in given:  # the record names the grid, default or not
+        given += ["--grid", args.grid]
+    args.argv = ["python -m triton_fusion_report.analysis.bench", *given]
     return args, problems
 
 

@@ -85,9 +85,69 @@ def smoke_triton_calls(device: torch.device):
                            f"{v.variant}/{v.block}/{v.num_warps}", v.fn, inputs)
 
 
+def _api_case(op, make, device):
+    """fn(*inputs) -> (out, grads): the public op forward, then backward from a fixed dout."""
+    def call(*inputs):
+        leaves = [t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  else t for t in inputs]
+        out = op(*leaves)
+        dout = torch.randn(out.shape, generator=torch.Generator(device="cpu").manual_seed(7),
+                           dtype=torch.float32).to(out)
+        grads = torch.autograd.grad(out, [t for t in leaves if isinstance(t, torch.Tensor)
+                                          and t.requires_grad], dout)
+        return (out, *grads)
+    return call
+
+
+def public_op_calls(device: torch.device):
+    """(key, fn, inputs) for every public op, forward and backward, on small fixed inputs with odd
+    sizes (a strided view among them)."""
+    from triton_fusion_report import kernels as K
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, dtype=dtype).to(device)
+
+    cases = {
+        "add_mul": (K.add_mul, lambda: (r(1000), r(1000), r(1000))),
+        "add_mul_scalar": (lambda x, y: K.add_mul(x, y, 1.5), lambda: (r(77), r(77))),
+        "softmax": (K.softmax, lambda: (r(5, 300),)),
+        "softmax_wide": (K.softmax, lambda: (r(2, 40000),)),
+        "softmax_strided": (K.softmax, lambda: (r(6, 400)[:, :300],)),
+        "layer_norm": (K.layer_norm, lambda: (r(7, 300), r(300), r(300))),
+        "layer_norm_f16": (K.layer_norm, lambda: (r(3, 1000, dtype=torch.float16),
+                                                   r(1000, dtype=torch.float16),
+                                                   r(1000, dtype=torch.float16))),
+        "softmax_matmul": (K.softmax_matmul, lambda: (r(2, 33, 40), r(2, 40, 19))),
+        "attention": (K.attention, lambda: (r(1, 2, 37, 16, dtype=torch.float16),
+                                            r(1, 2, 37, 16, dtype=torch.float16),
+                                            r(1, 2, 37, 16, dtype=torch.float16))),
+        "attention_causal": (lambda q, k, v: K.attention(q, k, v, causal=True),
+                             lambda: tuple(r(1, 2, 45, 32, dtype=torch.float16)
+                                           for _ in range(3))),
+        "matmul_softmax": (K.matmul_softmax, lambda: (r(33, 70), r(70, 50), r(50))),
+        "linear_act_gelu": (K.linear_act, lambda: (r(33, 40), r(40, 20), r(20))),
+        "linear_act_relu": (lambda x, w, b: K.linear_act(x, w, b, activation="relu"),
+                            lambda: (r(17, 48, dtype=torch.float16), r(48, 80, dtype=torch.float16),
+                                     r(80, dtype=torch.float16))),
+    }
+    for i, (name, (op, make)) in enumerate(cases.items()):
+        torch.manual_seed(2000 + i)
+        yield f"api/{name}", _api_case(op, make, device), make()
+
+
+def grid_plans() -> dict:
+    """What the full grid's problems run, as the plans chose it: per problem, each variant's
+    implementation, variant, block, warps and modelled bytes (no kernel is run)."""
+    from triton_fusion_report.analysis.bench.families import FAMILIES
+
+    return {f"plan/{family}/{p.op}/{p.precision}/{sorted(p.shape.items())}":
+            [[v.impl, v.variant, v.block, v.num_warps, v.sweep, v.bytes_impl] for v in p.variants]
+            for family, problems in FAMILIES.items() for p in problems("full")}
+
+
 def fingerprint(device: torch.device) -> dict:
-    result = {}
-    for key, fn, inputs in smoke_triton_calls(device):
+    result = grid_plans()
+    for key, fn, inputs in [*smoke_triton_calls(device), *public_op_calls(device)]:
         log: list = []
         undo = _record_launches(log)
         try:

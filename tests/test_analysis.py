@@ -276,7 +276,7 @@ def test_softmax_backward_problems():
     """The forward's grid, backward: op softmax_bwd, direction bwd, after every forward problem
     (each forward problem keeps its index, which seeds the fingerprint's inputs)."""
     from triton_fusion_report.analysis.bench import reductions
-    from triton_fusion_report.kernels import row_softmax_backward as smb
+    from triton_fusion_report.kernels.families.softmax import backward as smb
 
     problems = reductions.softmax_problems("smoke")
     ops = [p.op for p in problems]
@@ -456,35 +456,42 @@ def test_provenance(tmp_path, monkeypatch):
     assert set(schema.PROVENANCE) - {"kernel_hash"} <= set(meta)  # kernel_hash: per row
 
 
-def test_kernel_hash_follows_the_family_imports(tmp_path, monkeypatch):
-    """A family's kernel hash changes with the modules its kernels import, not with another
-    family's."""
+def test_kernel_hash_follows_the_family_code_not_its_files(tmp_path, monkeypatch):
+    """A family's kernel hash changes with the code its op and the private modules it imports
+    run, not with another family's, nor with comments, docstrings, imports or a file's name."""
     from triton_fusion_report.analysis.bench import machine
 
     k = tmp_path / "kernels"
-    k.mkdir()
-    for name, text in {"__init__": "from . import ops\n", "ops": "", "_common": "x = 1\n",
-                       "helper": "y = 1\n",
-                       "elementwise": "from ._common import x\nfrom .helper import y\n",
-                       "row_softmax": "", "row_softmax_backward": ""}.items():
+    (k / "families" / "softmax").mkdir(parents=True)
+    files = {"__init__": "from .families import add_mul\n", "_checks": "x = 1\n",
+             "_helper": "y = 1\n", "families/__init__": "",
+             "families/add_mul": "from .._checks import x\nfrom .._helper import y\n",
+             "families/softmax/__init__": "from . import forward\n",
+             "families/softmax/forward": ""}
+    for name, text in files.items():
         (k / f"{name}.py").write_text(text)
     monkeypatch.setattr(machine, "ROOT", tmp_path)
     before = {f: machine.kernel_hash(f) for f in ("elementwise", "softmax")}
-    (k / "helper.py").write_text("y = 2\n")
+    (k / "_helper.py").write_text("y = 2\n")
     assert machine.kernel_hash("elementwise") != before["elementwise"]
     assert machine.kernel_hash("softmax") == before["softmax"]
-    (k / "row_softmax.py").write_text("z = 0\n")
+    forward = k / "families" / "softmax" / "forward.py"
+    forward.write_text("z = 0\n")
     assert machine.kernel_hash("softmax") != before["softmax"]
     # Comments and docstrings are not the code a row ran: editing them keeps the hash.
     edited = machine.kernel_hash("softmax")
-    (k / "row_softmax.py").write_text('"""µs-long rows."""\n# why\nz = 0  # 1 µs\n\n\n'
-                                      'def f():\n    """Doc."""\n    return "# kept"\n')
+    forward.write_text('"""µs-long rows."""\n# why\nz = 0  # 1 µs\n\n\n'
+                       'def f():\n    """Doc."""\n    return "# kept"\n')
     with_f = machine.kernel_hash("softmax")
     assert with_f != edited  # a function added
-    (k / "row_softmax.py").write_text('z = 0\n\ndef f():\n    """Other doc, ×."""\n'
-                                      '    return "# kept"  # another comment\n')
+    forward.write_text('z = 0\n\ndef f():\n    """Other doc, ×."""\n'
+                       '    return "# kept"  # another comment\n')
     assert machine.kernel_hash("softmax") == with_f
-    (k / "row_softmax.py").write_text('z = 0\ndef f():\n    return "# changed"\n')
+    # f moved to a module of its own: the same code, the same hash.
+    forward.write_text("from ._f import f\nz = 0\n")
+    (k / "families" / "softmax" / "_f.py").write_text('def f():\n    return "# kept"\n')
+    assert machine.kernel_hash("softmax") == with_f
+    forward.write_text('z = 0\ndef f():\n    return "# changed"\n')
     assert machine.kernel_hash("softmax") != with_f  # a string that is code, not a docstring
 
 

@@ -7,8 +7,8 @@ from triton_fusion_report import kernels
 
 from conftest import TOL, fast_cases, full, rel_err
 
-from triton_fusion_report.kernels import _common as C
-from triton_fusion_report.kernels import flash_attention as at
+from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels.families.attention import forward as at
 
 DTYPES = [torch.float16, torch.bfloat16]
 # Fused: p is rounded to the input dtype before p @ v (as in FlashAttention), scores stay float32.
@@ -94,9 +94,9 @@ def test_without_tma(layout, causal, device, monkeypatch):
     """The path of GPUs without TMA (before Hopper), forced with NO_TMA: plain masked loads at
     the tensors' own strides (views read in place, no copy), any head_dim without host padding;
     the same results as the descriptor path, against float64."""
-    from triton_fusion_report.kernels import _common
+    from triton_fusion_report.kernels import _checks, _launch, _plans
 
-    monkeypatch.setattr(_common, "NO_TMA", True)
+    monkeypatch.setattr(_checks, "NO_TMA", True)
     if layout == "qkv_views":
         q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
     elif layout == "grouped_kv_cache":
@@ -175,13 +175,13 @@ def test_tuned_launch(causal, device, monkeypatch):
     q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
     out = kernels.attention(q, k, v, causal=causal)
     # seq 100 prunes the 128-row configs: two 64-row ones are left, timed in rounds
-    assert len(runs) == 2 * C.TUNING_ROUNDS
+    assert len(runs) == 2 * _plans.TUNING_ROUNDS
     assert list(at._TUNED.values()) == [at.CONFIGS[4]]
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
     q, k, v = qkv((1, 2, 120, 64), torch.float16, device)  # same bucket (128): no tuning
     assert rel_err(kernels.attention(q, k, v, causal=causal), ref64(q, k, v, causal)) <= \
         FUSED_TOL[torch.float16]
-    assert len(runs) == 2 * C.TUNING_ROUNDS
+    assert len(runs) == 2 * _plans.TUNING_ROUNDS
     assert at.seq_bucket(100) == at.seq_bucket(128) == 128 < at.seq_bucket(129)
 
 
@@ -316,7 +316,7 @@ DECODE_SHAPES = [((1, 4, 1, 64), (1, 1, 300, 64)), ((2, 2, 3, 40), (2, 2, 150, 4
 def test_decoding_split_keys(q_shape, kv_shape, causal, splits, device):
     """Few queries against many keys take the split-key path (its own kernels): output and
     log-sum-exp against float64, whatever the number of splits (one split stores directly)."""
-    from triton_fusion_report.kernels import flash_decoding as fd
+    from triton_fusion_report.kernels.families.attention import decoding as fd
 
     q = torch.randn(q_shape, device=device, dtype=torch.float16)
     k, v = (torch.randn(kv_shape, device=device, dtype=torch.float16) for _ in range(2))
@@ -337,7 +337,7 @@ def test_decoding_split_keys(q_shape, kv_shape, causal, splits, device):
 def test_decoding_is_the_default_for_few_queries(device, monkeypatch):
     """triton_fused dispatches one query per head to the split-key kernels, and a strided view of
     a longer KV cache (the cache's first seq_k positions) is read in place."""
-    from triton_fusion_report.kernels import flash_decoding as fd
+    from triton_fusion_report.kernels.families.attention import decoding as fd
 
     calls = []
     real = fd.attention
@@ -407,8 +407,8 @@ def test_backward_reads_strided_views(causal, device):
     """The backward kernels read q, k, v and dout at their own strides: grouped heads from views of
     one projection, a transposed dout, and a KV cache longer than the queries; gradients against
     float64 and contiguous, whatever the layouts."""
-    from triton_fusion_report.kernels import flash_attention as fa
-    from triton_fusion_report.kernels import flash_attention_backward as fab
+    from triton_fusion_report.kernels.families.attention import forward as fa
+    from triton_fusion_report.kernels.families.attention import backward as fab
 
     batch, seq, seq_k, dim = 2, 21, 40, 16
     qp = torch.randn(batch, seq, 4, dim + 8, device=device, dtype=torch.float16)[..., :dim]
@@ -528,9 +528,9 @@ def test_cached_checks_still_refuse(device):
 def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
     """Scores that climb along the keys (the running max grows at every tile), grouped heads,
     odd lengths (a partial key tile, a diagonal), and the log-sum-exp the backward reads."""
-    from triton_fusion_report.kernels import _common
+    from triton_fusion_report.kernels import _checks, _launch, _plans
 
-    monkeypatch.setattr(_common, "NO_TMA", no_tma)
+    monkeypatch.setattr(_checks, "NO_TMA", no_tma)
     monkeypatch.setattr(at, "_PLANS", {})
     monkeypatch.setattr(at, "_STEADY", {})
     q, k, v = qkv((1, 4, 40, 16), torch.float16, device)
@@ -600,7 +600,7 @@ def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
     q, k, v = qkv((1, 2, 128, 128), torch.float16, device)
     out = kernels.attention(q, k, v)
     # six CONFIGS and WS_CONFIG, each timed in every round
-    assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7 * C.TUNING_ROUNDS
+    assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
     assert rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
     out2 = kernels.attention(q, k * 0.5, v)  # the steady path, same layout
     assert len(at._STEADY) == 1 and rel_err(out2, ref64(q, k * 0.5, v)) <= FUSED_TOL[torch.float16]

@@ -1,34 +1,34 @@
-"""The checks and launch settings every family shares (kernels/_common.py)."""
+"""The checks and launch settings every family shares (kernels/_checks.py, _plans.py)."""
 import pytest
 import torch
 
-from triton_fusion_report.kernels import _common as C
+from triton_fusion_report.kernels import _checks, _launch, _plans
 
 
 @pytest.mark.parametrize("value", [0, 8, 17, 100, 16.0, True, "32", None])
 def test_check_pow2_refuses_what_is_not_a_power_of_two_over_the_minimum(value):
     with pytest.raises(ValueError, match="blk must be a power of two >= 16"):
-        C.check_pow2("blk", value)
+        _checks.check_pow2("blk", value)
 
 
 def test_check_pow2_takes_powers_of_two_and_says_why():
-    assert C.check_pow2("blk", 16) == 16 and C.check_pow2("g", 1, lo=1) == 1
+    assert _checks.check_pow2("blk", 16) == 16 and _checks.check_pow2("g", 1, lo=1) == 1
     with pytest.raises(ValueError, match=r">= 16 \(why\), got 8"):
-        C.check_pow2("blk", 8, why=" (why)")
+        _checks.check_pow2("blk", 8, why=" (why)")
 
 
 @pytest.mark.parametrize("value", [0, 3, 64, -2, 4.0, False])
 def test_check_warps(value):
     with pytest.raises(ValueError, match="num_warps must be a power of two from 1 to 32"):
-        C.check_warps(value)
-    assert C.check_warps(8) == 8
+        _checks.check_warps(value)
+    assert _checks.check_warps(8) == 8
 
 
 def test_sm_count_is_the_devices_or_the_named_stand_in(device):
     if device.type == "cuda":
         expected = torch.cuda.get_device_properties(device).multi_processor_count
-        assert C.sm_count_of(device) == expected
-    assert C.sm_count_of(None) == C.sm_count_of("cpu") == C.INTERPRETER_SM_COUNT
+        assert _checks.sm_count_of(device) == expected
+    assert _checks.sm_count_of(None) == _checks.sm_count_of("cpu") == _checks.INTERPRETER_SM_COUNT
 
 
 def test_no_module_carries_an_ops_name():
@@ -44,21 +44,21 @@ def test_no_module_carries_an_ops_name():
 
 
 def test_scratch_is_reused_per_shape_and_poisoned_when_asked(device):
-    t, views = C.scratch((2, 3, 5), torch.float32, device)
-    again, views_again = C.scratch((2, 3, 5), torch.float32, device)
+    t, views = _checks.scratch((2, 3, 5), torch.float32, device)
+    again, views_again = _checks.scratch((2, 3, 5), torch.float32, device)
     assert again is t and views_again is views and len(views) == 2
     assert views[1].data_ptr() == t.data_ptr() + 15 * 4
-    other, _ = C.scratch((2, 3, 6), torch.float32, device)
+    other, _ = _checks.scratch((2, 3, 6), torch.float32, device)
     assert other.data_ptr() != t.data_ptr()
-    with C.poisoned_outputs():
+    with _checks.poisoned_outputs():
         t.zero_()
-        assert torch.isnan(C.scratch((2, 3, 5), torch.float32, device)[0]).all()
+        assert torch.isnan(_checks.scratch((2, 3, 5), torch.float32, device)[0]).all()
 
 
 def test_layer_norm_backward_twice_with_a_reused_scratch(device):
     """The partial sums live in a scratch buffer kept across calls: a second backward of the same
     shape on other data must not see the first one's partials."""
-    from triton_fusion_report.kernels import layernorm as ln
+    from triton_fusion_report.kernels.families import layer_norm as ln
     for seed in (0, 1):
         torch.manual_seed(seed)
         x, w, b, dy = (torch.randn(*s, device=device, dtype=torch.float32)
@@ -80,7 +80,7 @@ def test_fastest_keeps_the_choice_on_disk_like_tritons_autotuner(tmp_path, monke
     import triton
     from triton import knobs
 
-    from triton_fusion_report.kernels import flash_attention
+    from triton_fusion_report.kernels.families.attention import forward as flash_attention
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(knobs.autotuning, "cache", True)
@@ -99,37 +99,37 @@ def test_fastest_keeps_the_choice_on_disk_like_tritons_autotuner(tmp_path, monke
         return ms[c]
 
     cands = list(ms) + [(16, 16)]  # (16, 16): a pass refuses it, skipped as well
-    rounds = C.TUNING_ROUNDS
+    rounds = _plans.TUNING_ROUNDS
     all3 = 4 + 2 * (rounds - 1)  # (32, 32), (16, 16) fail their first round, not timed again
-    assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert _plans.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
     assert len(timed) == all3
     memo = {}
-    assert C.fastest(memo, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert _plans.fastest(memo, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
     assert len(timed) == all3 and memo == {("k", cpu): (128, 64)}  # from disk
-    assert C.fastest({}, ("k", cpu), cands[:1], time_ms, kernels, cpu) == (64, 32)
-    assert C.fastest({}, ("other", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert _plans.fastest({}, ("k", cpu), cands[:1], time_ms, kernels, cpu) == (64, 32)
+    assert _plans.fastest({}, ("other", cpu), cands, time_ms, kernels, cpu) == (128, 64)
     assert len(timed) == all3 + rounds + all3
     files = list(tmp_path.rglob("tuning.json"))
     assert len(files) == 3
     for f in files:
         f.write_text("{not json")
-    assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert _plans.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
     assert len(timed) == 3 * all3 + rounds
     monkeypatch.setattr(knobs.autotuning, "cache", False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "off"))
-    assert C.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
+    assert _plans.fastest({}, ("k", cpu), cands, time_ms, kernels, cpu) == (128, 64)
     assert not (tmp_path / "off").exists()
     with pytest.raises(RuntimeError, match="no candidate compiles"):
-        C.fastest({}, ("k", cpu), [(32, 32)], time_ms, kernels, cpu)
+        _plans.fastest({}, ("k", cpu), [(32, 32)], time_ms, kernels, cpu)
     with pytest.raises(RuntimeError, match="illegal memory"):  # not a compile failure: raised
-        C.fastest({}, ("k", cpu), [(8, 8)], time_ms, kernels, cpu)
+        _plans.fastest({}, ("k", cpu), [(8, 8)], time_ms, kernels, cpu)
 
 
 def test_fastest_takes_the_median_of_interleaved_rounds():
     """One slow or fast outlier (a clock change mid-tuning) does not decide: each candidate is
     timed in TUNING_ROUNDS interleaved rounds and the medians compared."""
     cpu = torch.device("cpu")
-    from triton_fusion_report.kernels import flash_attention
+    from triton_fusion_report.kernels.families.attention import forward as flash_attention
 
     order = []
     times = {"a": iter([0.5, 2.0, 2.0]), "b": iter([1.0, 1.0, 1.0])}  # a's first run an outlier
@@ -138,6 +138,6 @@ def test_fastest_takes_the_median_of_interleaved_rounds():
         order.append(c)
         return next(times[c])
 
-    assert C.TUNING_ROUNDS == 3
-    assert C.fastest({}, ("m", cpu), ["a", "b"], time_ms, (flash_attention._attn_fwd,), cpu) == "b"
+    assert _plans.TUNING_ROUNDS == 3
+    assert _plans.fastest({}, ("m", cpu), ["a", "b"], time_ms, (flash_attention._attn_fwd,), cpu) == "b"
     assert order == ["a", "b"] * 3

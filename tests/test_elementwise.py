@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import elementwise as ew
+from triton_fusion_report.kernels.families import add_mul as ew
 
 from conftest import TOL, fast_cases, full, rel_err
 

@@ -1,4 +1,4 @@
-"""kernels._common.launch: the fast launch path, checked on the CPU against Triton's own
+"""kernels._launch.launch: the fast launch path, checked on the CPU against Triton's own
 JITFunction.run (real binder, cache key, launch arguments; only the compiler and the C launcher
 are stand-ins: tools/host_proxy.py's simulated_gpu)."""
 import itertools
@@ -14,11 +14,24 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from triton_fusion_report.kernels import _common as C
+from triton_fusion_report.kernels import _checks, _launch, _plans
 
 from conftest import tool
 
 simulated_gpu = tool("host_proxy").simulated_gpu
+
+
+def test_the_installed_triton_is_the_one_the_fast_path_mirrors():
+    """The fast path re-implements Triton 3.6's JITFunction.run; under another version every
+    launch silently takes Triton's own (slower) path. This fails instead, with what to do."""
+    import triton
+
+    assert _launch._TRITON_MATCHES, (
+        f"Triton {triton.__version__} is installed; kernels/_launch.py mirrors Triton 3.6's "
+        "launch path (specialization_key, launch), so every launch now takes Triton's normal "
+        "path (correct, 11-19 us a call slower). Install triton==3.6.* (requirements.txt), or "
+        "port specialization_key and launch to this version's JITFunction.run and update "
+        "_TRITON_MATCHES.")
 
 
 def _toy(x_ptr, y_ptr, n, m, scale, flag, BLOCK: tl.constexpr, MODE: tl.constexpr):
@@ -105,7 +118,7 @@ def test_equal_keys_mean_equal_triton_specialisations(gpu):
                 triton_key = _triton_key(kernel, args, kwargs)
             except (OverflowError, TypeError):  # what Triton refuses, launch leaves to Triton
                 continue
-            key = C.specialization_key(args)
+            key = _launch.specialization_key(args)
             assert key is not None
             triton_keys_of.setdefault(key, set()).add(triton_key)
         assert all(len(keys) == 1 for keys in triton_keys_of.values()), [
@@ -116,14 +129,14 @@ def test_equal_keys_mean_equal_triton_specialisations(gpu):
 
 def test_the_key_separates_what_triton_separates():
     aligned, unaligned = _buffer(torch.float16, 0), _buffer(torch.float16, 8)
-    assert C.specialization_key((aligned,)) != C.specialization_key((unaligned,))
-    assert C.specialization_key((aligned,)) != C.specialization_key((aligned.float(),))
-    distinct = {C.specialization_key((i,)) for i in (1, 16, 17, 2**31, 2**31 + 1, 2**63)}
+    assert _launch.specialization_key((aligned,)) != _launch.specialization_key((unaligned,))
+    assert _launch.specialization_key((aligned,)) != _launch.specialization_key((aligned.float(),))
+    distinct = {_launch.specialization_key((i,)) for i in (1, 16, 17, 2**31, 2**31 + 1, 2**63)}
     assert len(distinct) == 6
-    assert C.specialization_key((1.0,)) == C.specialization_key((16.0,))  # fp32 either way
-    assert C.specialization_key((True,)) != C.specialization_key((1,))
-    assert C.specialization_key(("text",)) is None
-    assert C.specialization_key((2**64,)) is None and C.specialization_key((-2**63 - 1,)) is None
+    assert _launch.specialization_key((1.0,)) == _launch.specialization_key((16.0,))  # fp32 either way
+    assert _launch.specialization_key((True,)) != _launch.specialization_key((1,))
+    assert _launch.specialization_key(("text",)) is None
+    assert _launch.specialization_key((2**64,)) is None and _launch.specialization_key((-2**63 - 1,)) is None
 
 
 def _check_launches(gpu, kernel, calls):
@@ -143,7 +156,7 @@ def _check_launches(gpu, kernel, calls):
 
 def _addresses(values):
     """values with each tensor as its address: the C launcher takes either for a pointer
-    (the fast path passes addresses: _common.POINTERS_AS_INTS)."""
+    (the fast path passes addresses: _launch.POINTERS_AS_INTS)."""
     return [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
 
 
@@ -190,17 +203,17 @@ def test_launch_runs_the_kernel_triton_would_with_the_arguments_it_would(count_r
             gpu.device, args, kwargs = rng.choice(pool)
             grid = rng.choice([(3,), (2, 5), (1, 2, 3)])
             calls.append((gpu.device, grid, args, kwargs))
-            compiled = C.launch(kernel, grid, *args, **kwargs)
+            compiled = _launch.launch(kernel, grid, *args, **kwargs)
             assert compiled is gpu.compiled[gpu_calls[-1][4]]
         _check_launches(gpu, kernel, calls)
         if scratch:
             assert all(record[7] is not None for record in gpu_calls)
     # Each distinct variant went through JITFunction.run once; the other calls skipped it, and
     # passed the tensors' addresses (by default) instead of the tensors.
-    distinct = {(d, C.specialization_key(a), tuple(k.items())) for d, a, k in pool}
+    distinct = {(d, _launch.specialization_key(a), tuple(k.items())) for d, a, k in pool}
     assert count_runs["runs"] == len(distinct) > 60
     with_tensors = sum(any(isinstance(a, torch.Tensor) for a in r[13:]) for r in gpu_calls)
-    assert with_tensors == (count_runs["runs"] if C.POINTERS_AS_INTS else len(gpu_calls))
+    assert with_tensors == (count_runs["runs"] if _launch.POINTERS_AS_INTS else len(gpu_calls))
 
 
 def _one_call(kernel):
@@ -211,8 +224,8 @@ def _one_call(kernel):
 def test_launch_takes_the_normal_path_for_anything_unusual(gpu, count_runs, monkeypatch):
     kernel = JITFunction(_toy)
     args, kwargs = _one_call(kernel)
-    C.launch(kernel, (1,), *args, **kwargs)
-    C.launch(kernel, (1,), *args, **kwargs)
+    _launch.launch(kernel, (1,), *args, **kwargs)
+    _launch.launch(kernel, (1,), *args, **kwargs)
     assert count_runs["runs"] == 1  # the second call was fast
 
     def runs_of(fn):
@@ -221,7 +234,7 @@ def test_launch_takes_the_normal_path_for_anything_unusual(gpu, count_runs, monk
         return count_runs["runs"] - before
 
     def call(*a, **k):
-        return lambda: C.launch(kernel, *a, **k)
+        return lambda: _launch.launch(kernel, *a, **k)
 
     # A launch hook (Triton's profiler adds its hooks so), a pre-run hook, debug mode.
     seen = []
@@ -238,9 +251,9 @@ def test_launch_takes_the_normal_path_for_anything_unusual(gpu, count_runs, monk
     monkeypatch.setattr(knobs.runtime, "debug", False)
     # Switched off; a list grid; a constexpr passed by position; an argument the key does not
     # handle (a tuple: Triton's to specialise).
-    monkeypatch.setattr(C, "FAST_LAUNCH", False)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", False)
     assert runs_of(call((1,), *args, **kwargs)) == 1
-    monkeypatch.setattr(C, "FAST_LAUNCH", True)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", True)
     assert runs_of(call([1], *args, **kwargs)) == 1
     assert runs_of(call((1,), *args, 16, MODE="a", num_warps=4)) == 1
     assert runs_of(call((1,), *args[:-1], (16, 3), **kwargs)) == 1
@@ -256,43 +269,43 @@ def test_a_changed_global_goes_back_through_triton(gpu, count_runs):
     args, kwargs = _one_call(kernel)
     g = {"LIMIT": 4}
     kernel.used_global_vals = {("LIMIT", id(g)): (4, g)}
-    C.launch(kernel, (1,), *args, **kwargs)
+    _launch.launch(kernel, (1,), *args, **kwargs)
     kernel.used_global_vals = {("LIMIT", id(g)): (4, g)}  # (the first compile set its own)
-    C.launch(kernel, (1,), *args, **kwargs)
+    _launch.launch(kernel, (1,), *args, **kwargs)
     runs = count_runs["runs"]
-    C.launch(kernel, (1,), *args, **kwargs)
+    _launch.launch(kernel, (1,), *args, **kwargs)
     assert count_runs["runs"] == runs  # fast
     g["LIMIT"] = 5
     with pytest.raises(RuntimeError, match="Global variable LIMIT has changed"):
-        C.launch(kernel, (1,), *args, **kwargs)
+        _launch.launch(kernel, (1,), *args, **kwargs)
 
 
 def test_kernels_whose_constexprs_are_not_last_keep_the_normal_path(gpu, count_runs):
     kernel = JITFunction(_mixed_order)
     x = _buffer(torch.float32, 0)
     for _ in range(3):
-        C.launch(kernel, (1,), x, n=16, BLOCK=32)
+        _launch.launch(kernel, (1,), x, n=16, BLOCK=32)
     assert count_runs["runs"] == 3
 
 
 def test_interpreted_kernels_take_the_normal_path(device):
     if device.type == "cuda":
         pytest.skip("the interpreter's kernels")
-    from triton_fusion_report.kernels import elementwise
+    from triton_fusion_report.kernels.families import add_mul as elementwise
 
     x = torch.ones(8, device=device)
     elementwise.triton_fused(x, x, 2.0)
-    state = C._LAUNCHES[id(elementwise._add_mul_kernel)]
+    state = _launch._LAUNCHES[id(elementwise._add_mul_kernel)]
     assert state.n_runtime == -1 and not state.compiled
 
 
 def test_a_full_table_empties_and_refills(gpu, count_runs, monkeypatch):
-    monkeypatch.setattr(C, "FAST_LAUNCH_MAX_ENTRIES", 2)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH_MAX_ENTRIES", 2)
     kernel = JITFunction(_toy)
     args, kwargs = _one_call(kernel)
     for block in (16, 32, 64, 16, 32, 64):
-        C.launch(kernel, (1,), *args, **dict(kwargs, BLOCK=block))
-        assert len(C._LAUNCHES[id(kernel)].compiled) <= 2
+        _launch.launch(kernel, (1,), *args, **dict(kwargs, BLOCK=block))
+        assert len(_launch._LAUNCHES[id(kernel)].compiled) <= 2
     assert count_runs["runs"] == 6
     calls = [(0, (1,), args, dict(kwargs, BLOCK=b)) for b in (16, 32, 64, 16, 32, 64)]
     _check_launches(gpu, kernel, calls)
@@ -340,7 +353,7 @@ def test_cached_tma_descriptors_are_what_tritons_wrapper_passes(monkeypatch):
                  dict(swizzle=64, elem_size=2, elem_type=1, block_size=[16, 32],
                       fp4_padded=False)]
         wrapped = nv.wrap_handle_tensordesc(lambda *a: passed.append(a), signature, metas)
-        c_launch, descs = C._unwrap_tensordesc(wrapped)
+        c_launch, descs = _launch._unwrap_tensordesc(wrapped)
         assert [i for i, _ in descs] == [2, 0]
         entry = type("Entry", (), {"tma": {}})()
         base = tuple(range(13))
@@ -355,7 +368,7 @@ def test_cached_tma_descriptors_are_what_tritons_wrapper_passes(monkeypatch):
             wrapped(*base, q, 7, k, 16)
             args = [q, 7, k, 16]
             for i, meta in descs:
-                args[i:i + 1] = C._tma_args(entry, i, args[i], meta)
+                args[i:i + 1] = _launch._tma_args(entry, i, args[i], meta)
             c_launch(*base, *args)
             assert passed[-1] == passed[-2]
         # Triton's wrapper encoded 8 descriptors; the cache 5: (a, b) twice is one pair, a as K

@@ -3,8 +3,11 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _common, layernorm as ln, ops
-from triton_fusion_report.kernels import layernorm_backward as lnb, layernorm_forward as lnf
+from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels.families import layer_norm as ln
+from triton_fusion_report import kernels as ops
+from triton_fusion_report.kernels.families.layer_norm import backward as lnb
+from triton_fusion_report.kernels.families.layer_norm import forward as lnf
 
 from conftest import TOL, fast_cases, full, rel_err
 
@@ -132,7 +135,7 @@ def test_backward_looping(affine, n, dtype, device):
 def test_few_programs(n, dtype, sms, device, monkeypatch):
     """With the SM count set to 1 or 3, the persistent forward's programs loop over several row
     tiles (prefetching the next) and the backward's groups span many rows and tiles."""
-    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", sms)
+    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", sms)
     x, w, b = make((45, n), dtype, device)
     dy = torch.randn(45, n, device=device).to(dtype)
     got = grads(ln.triton_fused, x, w, b, dy)
@@ -153,7 +156,7 @@ def test_few_programs(n, dtype, sms, device, monkeypatch):
 def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
     """bwd_groups(rows) (the traffic model's partial-sum rows) is the partial buffer's size,
     whether the SMs or the rows (MIN_ROWS_PER_GROUP each) limit it."""
-    monkeypatch.setattr(_common, "SM_COUNT_OVERRIDE", sms)
+    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", sms)
     shapes = []
 
     def spy(shape, dtype, dev):
@@ -357,7 +360,7 @@ def test_forward_plan_is_tuned_on_the_device(device, monkeypatch):
     candidates = lnf.plan_candidates(how.plan)
     assert candidates[0] == how.plan and len(candidates) == len(set(candidates)) > 1
     tuned = lnf.tuned_launch(x, 20, 256, 256, w, b, how)
-    timed = len(candidates) * _common.TUNING_ROUNDS
+    timed = len(candidates) * _plans.TUNING_ROUNDS
     assert len(runs) == timed and tuned.plan == candidates[-1] != how.plan
     y = torch.full_like(x, float("nan"))
     lnf.run_forward(x, y, 20, 256, 256, 256, w, b, 1e-5, tuned, stats=False)

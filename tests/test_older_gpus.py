@@ -9,8 +9,9 @@ import torch
 import triton
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _common as C
-from triton_fusion_report.kernels import flash_attention, softmax_v
+from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels.families.attention import forward as flash_attention
+from triton_fusion_report.kernels.families import softmax_matmul as softmax_v
 
 from conftest import FULL, TOL, rel_err
 
@@ -35,7 +36,7 @@ class _Kernel:
 
 def test_a_kernel_too_big_for_shared_memory_runs_with_fewer_stages():
     kernel = _Kernel(need=70_000)
-    compiled, ran_with = C._fitted(kernel, (1,), (), dict(num_stages=4, BLOCK=64))
+    compiled, ran_with = _launch._fitted(kernel, (1,), (), dict(num_stages=4, BLOCK=64))
     assert compiled == "compiled" and ran_with == dict(num_stages=3, BLOCK=64)
     assert kernel.tried == [4, 3]
 
@@ -46,7 +47,7 @@ def test_a_kernel_too_big_for_shared_memory_runs_with_fewer_stages():
 ])
 def test_what_fewer_stages_cannot_fix_still_raises(kernel, stages):
     with pytest.raises(triton.runtime.errors.OutOfResources):
-        C._fitted(kernel, (1,), (), dict(num_stages=stages))
+        _launch._fitted(kernel, (1,), (), dict(num_stages=stages))
 
 
 @FULL
@@ -55,8 +56,8 @@ def test_every_op_on_a_consumer_card_profile(monkeypatch):
     """NO_TMA and 99 KB of shared memory a block on this GPU: the deepest-pipelined plans (d3 =
     512 for softmax(X)@V, head_dim 128 attention, 128 x 256 matmul tiles) still run, and agree
     with float64."""
-    monkeypatch.setattr(C, "NO_TMA", True)
-    monkeypatch.setattr(C, "MAX_SHARED", CONSUMER_CARD_SHARED)
+    monkeypatch.setattr(_checks, "NO_TMA", True)
+    monkeypatch.setattr(_checks, "MAX_SHARED", CONSUMER_CARD_SHARED)
     monkeypatch.setattr(flash_attention, "_TUNED", {})
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import ops
-from triton_fusion_report.kernels.row_softmax_backward import softmax_backward
+from triton_fusion_report import kernels as ops
+from triton_fusion_report.kernels.families.softmax.backward import softmax_backward
 
 from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 

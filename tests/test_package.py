@@ -34,7 +34,10 @@ def test_wheel_has_one_top_level_name(tmp_path):
         z.extractall(tmp_path / "site")
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {PACKAGE}, top
-    for sub in ("kernels/__init__.py", "kernels/_common.py", "analysis/__init__.py",
+    for sub in ("kernels/__init__.py", "kernels/_launch.py", "kernels/families/add_mul.py",
+                "kernels/families/softmax/forward.py", "kernels/families/attention/kernels.py",
+                "kernels/families/layer_norm/backward.py", "kernels/families/matmul_softmax/plan.py",
+                "analysis/__init__.py",
                 "analysis/bench/__main__.py", "analysis/bench/run.py", "analysis/model/traffic.py",
                 "analysis/model/roofline.py", "analysis/book/__init__.py", "analysis/book/data.py"):
         assert f"{PACKAGE}/{sub}" in names

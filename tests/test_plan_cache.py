@@ -1,18 +1,18 @@
-"""The public functions' checks and plans remembered per layout (kernels._common.cached): a
+"""The public functions' checks and plans remembered per layout (kernels._plans.cached): a
 remembered plan never lets an input through that the checks refuse, and gives the results of
 the uncached path."""
 import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _common as C
-from triton_fusion_report.kernels import elementwise as ew
-from triton_fusion_report.kernels import flash_attention as fa
-from triton_fusion_report.kernels import layernorm as ln
-from triton_fusion_report.kernels import linear_activation as la
-from triton_fusion_report.kernels import row_softmax as sm
-from triton_fusion_report.kernels import softmax_regression as sr
-from triton_fusion_report.kernels import softmax_v as sv
+from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels.families import add_mul as ew
+from triton_fusion_report.kernels.families.attention import forward as fa
+from triton_fusion_report.kernels.families import layer_norm as ln
+from triton_fusion_report.kernels.families import linear_act as la
+from triton_fusion_report.kernels.families.softmax import forward as sm
+from triton_fusion_report.kernels.families import matmul_softmax as sr
+from triton_fusion_report.kernels.families import softmax_matmul as sv
 
 from conftest import full
 
@@ -23,22 +23,22 @@ def r(*shape, device, dtype=torch.float32):
 
 def test_layout_key_takes_plain_tensors_and_options_only(device):
     x = r(4, 8, device=device)
-    assert C.layout_key((x, None), (16, "a", None)) == (x.shape, x.dtype, x.device, None, None,
+    assert _plans.layout_key((x, None), (16, "a", None)) == (x.shape, x.dtype, x.device, None, None,
                                                         16, "a", None)
-    assert C.layout_key((x.t(),))[3] == (1, 8)  # strides where not contiguous
-    assert C.layout_key((torch.nn.Parameter(x),)) == C.layout_key((x,))
+    assert _plans.layout_key((x.t(),))[3] == (1, 8)  # strides where not contiguous
+    assert _plans.layout_key((torch.nn.Parameter(x),)) == _plans.layout_key((x,))
     for option in (16.0, True, [16], torch.float32):
-        assert C.layout_key((x,), (option,)) is None
-    assert C.layout_key((3.0,)) is None
+        assert _plans.layout_key((x,), (option,)) is None
+    assert _plans.layout_key((3.0,)) is None
 
     class Sub(torch.Tensor):
         pass
 
-    assert C.layout_key((x.as_subclass(Sub),)) is None
+    assert _plans.layout_key((x.as_subclass(Sub),)) is None
 
 
 def test_cached_remembers_results_not_errors():
-    cache = C.plan_cache()
+    cache = _plans.plan_cache()
     calls = []
 
     def compute(v):
@@ -47,21 +47,21 @@ def test_cached_remembers_results_not_errors():
             raise ValueError("negative")
         return v * 2
 
-    assert C.cached(cache, ("k", 3), compute, 3) == 6
-    assert C.cached(cache, ("k", 3), compute, 3) == 6
+    assert _plans.cached(cache, ("k", 3), compute, 3) == 6
+    assert _plans.cached(cache, ("k", 3), compute, 3) == 6
     for _ in range(2):
         with pytest.raises(ValueError):
-            C.cached(cache, ("k", -1), compute, -1)
-    assert C.cached(cache, None, compute, 5) == 10  # no key: computed
-    assert C.cached(cache, ([1],), compute, 7) == 14  # unhashable: computed
+            _plans.cached(cache, ("k", -1), compute, -1)
+    assert _plans.cached(cache, None, compute, 5) == 10  # no key: computed
+    assert _plans.cached(cache, ([1],), compute, 7) == 14  # unhashable: computed
     assert calls == [3, -1, -1, 5, 7]
 
 
 def test_sm_count_override_empties_the_caches(monkeypatch):
-    cache = C.plan_cache()
-    C.cached(cache, "k", lambda: 1)
-    monkeypatch.setattr(C, "SM_COUNT_OVERRIDE", 3)
-    assert C.cached(cache, "k", lambda: 2) == 2
+    cache = _plans.plan_cache()
+    _plans.cached(cache, "k", lambda: 1)
+    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 3)
+    assert _plans.cached(cache, "k", lambda: 2) == 2
 
 
 def test_a_remembered_plan_lets_no_refused_input_through(device):
@@ -102,7 +102,7 @@ def test_cached_and_uncached_paths_agree(device, fast_launch, monkeypatch):
     """Each public function on layouts that share a key's shape (contiguous with other strides
     on a size-1 dim, strided rows, a transposed weight), twice (the second call from the
     caches), against the uncached path (caches emptied before every call)."""
-    monkeypatch.setattr(C, "FAST_LAUNCH", fast_launch)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", fast_launch)
     base = r(1, 6, 40, device=device)
     x3 = r(3, 6, 48, device=device)
     w, b = r(40, device=device), r(40, device=device)
@@ -149,7 +149,7 @@ def test_layer_norm_backward_from_the_cache(device):
         return torch.autograd.grad(kernels.layer_norm(*leaves), leaves, dy)
 
     ln._PLANS.clear()
-    from triton_fusion_report.kernels import layernorm_backward as lnb
+    from triton_fusion_report.kernels.families.layer_norm import backward as lnb
 
     lnb._PLANS.clear()
     first = grads()

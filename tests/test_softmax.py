@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels._common import interpreting
+from triton_fusion_report.kernels._checks import interpreting
 
 from conftest import FULL, TOL, fast_cases, full, rel_err
 
-from triton_fusion_report.kernels import row_softmax as sm
+from triton_fusion_report.kernels.families.softmax import forward as sm
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # length 1, odd, a power of two and one past it, a multiple of a tile plus a remainder
@@ -262,7 +262,7 @@ def test_coop_shared_rows(splits, device):
 
 _BESIDE_A_LONG_KERNEL = """
 import torch
-from triton_fusion_report.kernels import row_softmax as sm
+from triton_fusion_report.kernels.families.softmax import forward as sm
 dev = torch.device("cuda")
 a = torch.randn(12288, 12288, device=dev)
 x = torch.randn(64, 262_144, device=dev)
@@ -300,7 +300,7 @@ def test_coop_beside_another_stream():
 
 # --- The backward: dx = y * (dy - sum(y * dy)), fused and unfused ---------------------------------
 
-from triton_fusion_report.kernels import row_softmax_backward as smb  # noqa: E402
+from triton_fusion_report.kernels.families.softmax import backward as smb  # noqa: E402
 
 BWD_IMPLS = [smb.triton_fused, smb.triton_unfused]
 

@@ -7,7 +7,7 @@ from triton_fusion_report import kernels
 
 from conftest import FULL, TOL, fast_cases, full, rel_err
 
-from triton_fusion_report.kernels import softmax_v as sm
+from triton_fusion_report.kernels.families import softmax_matmul as sm
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # float32 runs IEEE products: near its TOL. Half precision rounds p to the input dtype before the

@@ -3,7 +3,7 @@ store between their matmuls (kernels.stored_softmax)."""
 import pytest
 import torch
 
-from triton_fusion_report.kernels.stored_softmax import softmax_rows
+from triton_fusion_report.kernels._stored_softmax import softmax_rows
 
 from conftest import TOL, fast_cases, full, rel_err
 

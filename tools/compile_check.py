@@ -100,7 +100,7 @@ def record(device=torch.device("cpu")) -> list[dict]:
             kv = torch.randn(1, 1, 50, 64, dtype=torch.float16)
             kernels.attention(q.detach(), kv, kv, causal)
             # Decoding's split-key kernels at the GPU's blocks (one split stores directly).
-            from triton_fusion_report.kernels import flash_decoding
+            from triton_fusion_report.kernels.families.attention import decoding as flash_decoding
 
             for head_dim, block_n in ((64, 64), (128, 64), (256, 32)):
                 q1 = torch.randn(1, 4, 1, head_dim, dtype=torch.float16)
@@ -118,7 +118,7 @@ def _gpu_block_variants(specs: list[dict]) -> list[dict]:
     are small), at head_dim 64, 128 and 256."""
     from unittest import mock
 
-    from triton_fusion_report.kernels import flash_attention_backward as fab
+    from triton_fusion_report.kernels.families.attention import backward as fab
 
     out = []
     for spec in specs:

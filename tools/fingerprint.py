@@ -36,14 +36,14 @@ def _describe(value):
 
 def _record_launches(log: list):
     """Patch JITFunction.run so that every launch is appended to `log`; returns the undo. The
-    kernels' fast launch path (kernels._common.launch) skips JITFunction.run after a kernel's
+    kernels' fast launch path (kernels._launch.launch) skips JITFunction.run after a kernel's
     first launch, so it is off while recording."""
     from triton.runtime.jit import JITFunction
 
-    from triton_fusion_report.kernels import _common
+    from triton_fusion_report.kernels import _launch
 
-    original, fast = JITFunction.run, _common.FAST_LAUNCH
-    _common.FAST_LAUNCH = False
+    original, fast = JITFunction.run, _launch.FAST_LAUNCH
+    _launch.FAST_LAUNCH = False
 
     def run(self, *args, grid, warmup, **kwargs):
         if not warmup:
@@ -57,7 +57,7 @@ def _record_launches(log: list):
 
     def undo():
         JITFunction.run = original
-        _common.FAST_LAUNCH = fast
+        _launch.FAST_LAUNCH = fast
 
     return undo
 

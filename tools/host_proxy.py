@@ -7,12 +7,12 @@ Their Python, and Triton's launch path down to the C launcher, without a GPU.
 `simulated_gpu()` lets Triton's own JITFunction.run work on a machine without one: a stand-in
 driver (device 0, a fake stream, an sm_90 target), and compiled kernels that are never compiled,
 whose launcher records or drops the launch. Everything above the C launcher runs as on the GPU
-(the binder, the cache key, the launch metadata, kernels._common.launch), so the time per call of
+(the binder, the cache key, the launch metadata, kernels._launch.launch), so the time per call of
 a public op on tiny CPU tensors is its host cost minus the C launch and minus CUDA's allocator
 (torch.empty on the CPU costs less than on CUDA). Two columns per op:
 - `python`: every kernel launch a no-op (JITFunction.run returns at once), fast path off: the
   ops' own checks, plans and allocations;
-- `with launch`: JITFunction.run for real (or the fast path of kernels._common.launch, when that
+- `with launch`: JITFunction.run for real (or the fast path of kernels._launch.launch, when that
   exists and is on) down to a no-op launcher.
 Run the same file with PYTHONPATH at another checkout to compare (it imports only the package).
 --check instead compares each op's launches with the fast path off and on (`check_fast_path`).
@@ -183,25 +183,25 @@ def measure(calls: int = 2000) -> list[tuple[str, float, float]]:
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from triton_fusion_report.kernels import _common
+    from triton_fusion_report.kernels import _checks, _launch, _plans
 
     # The kernels are JITFunctions (no interpreter at import); the checks take CPU tensors.
     knobs.runtime.interpret = True
-    has_fast = hasattr(_common, "launch")
+    has_fast = hasattr(_launch, "launch")
     rows = []
     with simulated_gpu():
         run = JITFunction.run
         for name, fn in _cases():
             JITFunction.run = lambda self, *a, grid, warmup, **k: None
-            fast = _common.FAST_LAUNCH if has_fast else None
+            fast = _launch.FAST_LAUNCH if has_fast else None
             if has_fast:
-                _common.FAST_LAUNCH = False
+                _launch.FAST_LAUNCH = False
             try:
                 python = _us_per_call(fn, calls)
             finally:
                 JITFunction.run = run
                 if has_fast:
-                    _common.FAST_LAUNCH = fast
+                    _launch.FAST_LAUNCH = fast
             rows.append((name, python, _us_per_call(fn, calls)))
     return rows
 
@@ -228,14 +228,14 @@ def check_fast_path() -> list[str]:
     """For each public op (the proxy's cases), its launches with the fast path off, then on
     (after a warm-up call): the same kernels, grids, streams and arguments, and none through
     JITFunction.run. Returns the problems found. Tensors are passed as tensors here, to be
-    described by their layouts (`_common.POINTERS_AS_INTS` off); that their addresses, when
+    described by their layouts (`_launch.POINTERS_AS_INTS` off); that their addresses, when
     passed instead, are the same tensors' is tests/test_launch.py's."""
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("the kernels must be JITFunctions: unset TRITON_INTERPRET")
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from triton_fusion_report.kernels import _common
+    from triton_fusion_report.kernels import _checks, _launch, _plans
 
     knobs.runtime.interpret = True  # (the checks take CPU tensors)
     problems, calls, runs = [], [], []
@@ -245,18 +245,18 @@ def check_fast_path() -> list[str]:
         runs.append(self)
         return run(self, *args, **kwargs)
 
-    as_ints = _common.POINTERS_AS_INTS
+    as_ints = _launch.POINTERS_AS_INTS
     with simulated_gpu(calls):
         JITFunction.run = counted
-        _common.POINTERS_AS_INTS = False
+        _launch.POINTERS_AS_INTS = False
         try:
             for name, fn in _cases():
-                _common.FAST_LAUNCH = False
+                _launch.FAST_LAUNCH = False
                 fn()
                 calls.clear()
                 fn()
                 normal = [_describe(c) for c in calls]
-                _common.FAST_LAUNCH = True
+                _launch.FAST_LAUNCH = True
                 fn()
                 calls.clear()
                 runs.clear()
@@ -269,8 +269,8 @@ def check_fast_path() -> list[str]:
                                     f"after warm-up ({', '.join(k.fn.__name__ for k in runs)})")
         finally:
             JITFunction.run = run
-            _common.FAST_LAUNCH = True
-            _common.POINTERS_AS_INTS = as_ints
+            _launch.FAST_LAUNCH = True
+            _launch.POINTERS_AS_INTS = as_ints
     return problems
 
 
@@ -282,16 +282,16 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="instead: check that each op's launches take the fast path unchanged")
     args = ap.parse_args(argv)
-    from triton_fusion_report.kernels import _common
+    from triton_fusion_report.kernels import _checks, _launch, _plans
 
     if args.check:
         problems = check_fast_path()
         print("\n".join(problems) or "fast path: every op's launches as the normal path's")
         return 1 if problems else 0
 
-    mode = ("fast launch " + ("on" if _common.FAST_LAUNCH else "off")
-            if hasattr(_common, "launch") else "no fast launch in this checkout")
-    print(f"{_common.__file__}: {mode}")
+    mode = ("fast launch " + ("on" if _launch.FAST_LAUNCH else "off")
+            if hasattr(_launch, "launch") else "no fast launch in this checkout")
+    print(f"{_checks.__file__}: {mode}")
     print(f"{'op (fp16, CPU proxy)':28s} {'python us':>10s} {'with launch us':>15s}")
     for name, python, full in measure(args.calls):
         print(f"{name:28s} {python:10.1f} {full:15.1f}", flush=True)

@@ -70,7 +70,7 @@ def parse(argv=None):
         if (args.out / ".parts").exists():
             ap.error(f"{args.out} holds a stopped multi-worker bench (.parts): --resume continues it")
     if torch.device(args.device).type == "cpu":
-        from ...kernels._common import interpreting
+        from ...kernels._checks import interpreting
 
         if not interpreting():
             ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")

@@ -7,8 +7,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...kernels import flash_attention as attn
-from ...kernels import softmax_v as smm
+from ...kernels.families.attention import forward as attn
+from ...kernels.families import softmax_matmul as smm
 
 from ..model import traffic
 from . import peers

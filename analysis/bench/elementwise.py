@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from ...kernels import elementwise as ew
+from ...kernels.families import add_mul as ew
 
 from ..model import traffic
 from .sweep import Problem, Variant, compiled_variants

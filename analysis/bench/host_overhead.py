@@ -20,8 +20,10 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 
-from ...kernels import layernorm as ln, layernorm_backward as lnb, layernorm_forward as lnf
-from ...kernels import row_softmax as sm
+from ...kernels.families import layer_norm as ln
+from ...kernels.families.layer_norm import backward as lnb
+from ...kernels.families.layer_norm import forward as lnf
+from ...kernels.families.softmax import forward as sm
 
 from .launch_cost import _noop1, _noop10, gpu_us, host_us
 

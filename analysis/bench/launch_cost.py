@@ -24,9 +24,14 @@ import triton
 import triton.language as tl
 
 from ... import kernels
-from ...kernels import elementwise as ew, flash_attention as fa, layernorm as ln
-from ...kernels import linear_activation as la, ops, row_softmax as sm
-from ...kernels import softmax_regression as sr, softmax_v as sv
+from ...kernels.families import add_mul as ew
+from ...kernels.families.attention import forward as fa
+from ...kernels.families import layer_norm as ln
+from ...kernels.families import linear_act as la
+from ... import kernels as ops
+from ...kernels.families.softmax import forward as sm
+from ...kernels.families import matmul_softmax as sr
+from ...kernels.families import softmax_matmul as sv
 from .machine import run_metadata
 from .timing import graph_ms
 

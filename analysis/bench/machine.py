@@ -27,16 +27,12 @@ SOURCE_GLOBS = ("kernels/*.py", "analysis/*.py", "analysis/bench/*.py", "analysi
                 "triton_fusion_report/*.py")
 # The kernel modules each family's Triton implementations start from (their imports within
 # kernels/ are followed); every family also runs the package's entry points.
+# The op under kernels/families/ whose code each family's rows ran (a module or a subpackage).
 FAMILY_KERNELS = {
-    "elementwise": ("elementwise",),
-    "softmax": ("row_softmax", "row_softmax_backward"),
-    "layernorm": ("layernorm",),
-    "softmax_matmul": ("softmax_v",),
-    "attention": ("flash_attention", "flash_attention_backward", "flash_decoding"),
-    "matmul_softmax": ("softmax_regression",),
-    "linear_act": ("linear_activation",),
+    "elementwise": "add_mul", "softmax": "softmax", "layernorm": "layer_norm",
+    "softmax_matmul": "softmax_matmul", "attention": "attention",
+    "matmul_softmax": "matmul_softmax", "linear_act": "linear_act",
 }
-ALWAYS_KERNELS = ("__init__", "ops", "_common")
 LIMIT_REP_MS = 100  # timed repetitions of each limit (one trial)
 # HBM bandwidth on the vendor's datasheet (GB/s), by the name torch reports: a ceiling no
 # measurement reaches, shown beside the measured ones.
@@ -84,17 +80,23 @@ def _hash(paths) -> str:
     return h.hexdigest()[:16]
 
 
-def _kernel_imports(name: str) -> set[str]:
-    """The modules of kernels/ that kernels/<name>.py imports (relative imports only)."""
-    tree = ast.parse((ROOT / "kernels" / f"{name}.py").read_text())
+def _kernel_imports(path: Path) -> set[Path]:
+    """The files under kernels/ that `path` imports (relative imports only)."""
+    kernels = ROOT / "kernels"
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(a.name for a in node.names)
-    return {m for m in found if (ROOT / "kernels" / f"{m}.py").is_file()}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
+            continue
+        base = path.parent
+        for _ in range(node.level - 1):
+            base = base.parent
+        parts = node.module.split(".") if node.module else []
+        targets = [parts] if node.module else [[a.name] for a in node.names]
+        for t in targets:
+            for cand in (base.joinpath(*t).with_suffix(".py"), base.joinpath(*t, "__init__.py")):
+                if cand.is_file() and kernels in cand.parents:
+                    found.add(cand)
+    return found
 
 
 def code_text(source: str) -> str:
@@ -128,18 +130,40 @@ def code_text(source: str) -> str:
     return " ".join("".join(kept).split())
 
 
+def _definitions(source: str) -> list[tuple[str, str]]:
+    """(name, code) of each top-level definition of a module (functions, classes, assignments;
+    imports left out), its code as `code_text` keeps it."""
+    out = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the module's docstring
+        text = code_text(ast.get_source_segment(source, node, padded=False) or "")
+        name = getattr(node, "name", None) or ",".join(
+            t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
+            if isinstance(t, ast.Name))
+        out.append((name, text))
+    return out
+
+
 def kernel_hash(family: str) -> str:
-    """Hash of the code (`code_text`) of the kernel modules a family's Triton rows ran: its entry
-    modules, what they import within kernels/, and the package's entry points."""
-    todo, seen = list(FAMILY_KERNELS[family]) + list(ALWAYS_KERNELS), set()
+    """Hash of the code a family's rows ran: every top-level definition (functions, classes,
+    constants; comments, docstrings and imports left out) of its op's module or subpackage under
+    kernels/families/ and of the private modules those import, in name order. So a comment, a
+    docstring, a moved function or a renamed file leaves it as it is; a change to the code that
+    runs, or to a shared piece the family imports, does not."""
+    op = ROOT / "kernels" / "families" / FAMILY_KERNELS[family]
+    todo = sorted(op.glob("*.py")) if op.is_dir() else [op.with_suffix(".py")]
+    seen: set[Path] = set()
     while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += sorted(_kernel_imports(name) - seen)
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo += sorted(_kernel_imports(path) - seen)
     h = hashlib.sha256()
-    for path in sorted(ROOT / "kernels" / f"{m}.py" for m in seen):
-        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + code_text(path.read_text()).encode() + b"\0")
+    for name, text in sorted(d for path in seen for d in _definitions(path.read_text())):
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 

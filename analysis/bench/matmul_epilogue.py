@@ -7,9 +7,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...kernels import linear_activation as la
-from ...kernels import softmax_regression as sr
-from ...kernels._common import sm_count_of
+from ...kernels.families import linear_act as la
+from ...kernels.families import matmul_softmax as sr
+from ...kernels.families.matmul_softmax.plan import MAX_SIMPLE_C, MAX_TILED_C
+from ...kernels._checks import sm_count_of
 
 from ..model import traffic
 from .sweep import Problem, Variant, compiled_variants, tf32
@@ -133,7 +134,7 @@ def _ms_problem(B, K, C, dtype, s, precision):
     for method in sr.METHODS:
         if method == plan.method:
             continue
-        if method == sr.SIMPLE and C > sr.MAX_SIMPLE_C or method == sr.TILED and C > sr.MAX_TILED_C:
+        if method == sr.SIMPLE and C > MAX_SIMPLE_C or method == sr.TILED and C > MAX_TILED_C:
             continue
         if method == sr.SIMPLE and B * C > 2**24:  # one program per row, no tensor cores: slow
             continue

@@ -7,8 +7,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...kernels import layernorm as ln, layernorm_backward as lnb
-from ...kernels import row_softmax as sm, row_softmax_backward as smb
+from ...kernels.families import layer_norm as ln
+from ...kernels.families.layer_norm import backward as lnb
+from ...kernels.families.softmax import forward as sm
+from ...kernels.families.softmax import backward as smb
 
 from ..model import traffic
 from . import peers

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...kernels import softmax_v as smm
+from ...kernels.families import softmax_matmul as smm
 
 from ..model import traffic
 from . import machine, schema

@@ -111,7 +111,7 @@ def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
     """(method, K slices) that matmul+softmax's fused kernel ran at a configuration (the row's
     variant; split_k's slices as its plan takes them on the row's GPU), for the traffic model:
     two passes over the logits move what the unfused pair does. (None, 1) without a fused row."""
-    from ...kernels import softmax_regression as sr
+    from ...kernels.families import matmul_softmax as sr
 
     fused = _select(df, where)
     fused = fused[fused["impl"] == "triton_fused"]

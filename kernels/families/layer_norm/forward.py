@@ -23,7 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, default_warps, empty, fastest, launch, next_pow2, sm_count_of
+from ..._checks import cdiv, default_warps, empty, next_pow2, sm_count_of
+from ..._plans import fastest
+from ..._launch import launch
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
 MAX_ONE_TILE = 16384

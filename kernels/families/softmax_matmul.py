@@ -20,11 +20,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._common import (cached, cdiv, check_pow2, check_same, check_tensor, descriptor, empty,
-                      has_tma, launch, layout_key, next_pow2, plan_cache, plan_strides)
-from ._common import dot as _dot
-from ._common import upcast_bf16 as _upcast_bf16
-from .stored_softmax import softmax_rows
+from .._checks import cdiv, check_pow2, check_same, check_tensor, empty, has_tma, next_pow2
+from .._plans import cached, layout_key, plan_cache, plan_strides
+from .._launch import descriptor, launch
+from .._checks import dot as _dot
+from .._checks import upcast_bf16 as _upcast_bf16
+from .._stored_softmax import softmax_rows
+from .._autograd import NS, _direct
 
 DOT_MIN = " (tl.dot's minimum)"
 
@@ -303,3 +305,51 @@ def fused_softmax(x, V, BLOCK_1=16, BLOCK_2=16, input_precision=None) -> torch.T
 
 
 __all__ = ["fused_softmax", "reference", "softmax_mult", "triton_fused", "triton_unfused"]
+
+
+# ------------------------------------------------------------------------------------------------
+# softmax(x) @ v
+
+
+@torch.library.custom_op(f"{NS}::softmax_matmul", mutates_args=())
+def _softmax_matmul_op(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return triton_fused(x, v)
+
+
+@_softmax_matmul_op.register_fake
+def _(x, v):
+    _check_inputs(x, v, None)
+    return x.new_empty((x.shape[0], x.shape[1], v.shape[2]))
+
+
+def _softmax_matmul_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _softmax_matmul_backward(ctx, dout):
+    """P = softmax(x) recomputed in float32: dv = P^T dout, dx = P * (dP - rowsum(dP * P)) with
+    dP = dout v^T."""
+    x, v = ctx.saved_tensors
+    p = torch.softmax(x.float(), -1)
+    g = dout.float()
+    dv = (p.transpose(1, 2) @ g).to(v.dtype)
+    dp = g @ v.float().transpose(1, 2)
+    dx = (p * (dp - (dp * p).sum(-1, keepdim=True))).to(x.dtype)
+    return dx, dv
+
+
+_softmax_matmul_op.register_autograd(_softmax_matmul_backward, setup_context=_softmax_matmul_setup)
+
+
+def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`softmax(x, -1) @ v` in one fused Triton kernel, the softmax matrix never stored;
+    differentiable (backward in PyTorch ops).
+
+    x: (batch, d1, d2), v: (batch, d2, d3), one dtype (float32, float16 or bfloat16), any strides,
+    on CUDA (or on the CPU under TRITON_INTERPRET=1). float32 uses IEEE products, like PyTorch's
+    default; see softmax_v.triton_fused for tf32 and block sizes. Returns (batch, d1, d3) in x's
+    dtype.
+    """
+    if _direct(x, v):
+        return triton_fused(x, v)
+    return _softmax_matmul_op(x, v)

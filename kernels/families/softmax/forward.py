@@ -36,9 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (as_rows, cached, cdiv, check_pow2, check_warps, default_warps, empty,
-                      empty_like, interpreting, launch, layout_key, next_pow2, plan_cache,
-                      sm_count_of, unfused_tile)
+from ..._checks import (as_rows, cdiv, check_pow2, check_warps, default_warps, empty, empty_like,
+                        interpreting, next_pow2, sm_count_of, unfused_tile)
+from ..._plans import cached, layout_key, plan_cache
+from ..._launch import launch
 
 # Longest row kept whole in registers by the one-pass kernel (see the module docstring).
 MAX_ONE_PASS = 32768

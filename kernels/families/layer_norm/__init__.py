@@ -23,12 +23,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import layernorm_backward as _bwd
-from ._common import (FLOAT_DTYPES, as_rows, cached, cdiv, check_contiguous, check_pow2,
-                      check_same, check_tensor, check_warps, empty, empty_like, interpreting,
-                      is_fake, launch, layout_key, plan_cache, unfused_tile)
-from .layernorm_backward import BWD_MAX_ONE_TILE, bwd_groups
-from .layernorm_forward import MAX_ONE_TILE, fwd_launch, run_forward, tuned_launch
+from . import backward as _bwd
+from ..._checks import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_pow2, check_same,
+                        check_tensor, check_warps, empty, empty_like, interpreting, is_fake,
+                        unfused_tile)
+from ..._plans import cached, layout_key, plan_cache
+from ..._launch import launch
+from .backward import BWD_MAX_ONE_TILE, bwd_groups
+from .forward import MAX_ONE_TILE, fwd_launch, run_forward, tuned_launch
+from ..._autograd import _PLAIN, NS, _direct, _empty_like_rows, _no_double_backward
+from . import backward as _lnb
 
 
 def reference(x: torch.Tensor, weight, bias, eps: float = 1e-5) -> torch.Tensor:
@@ -264,3 +268,80 @@ def triton_unfused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *
 # The plans' limits and the backward's group count, for the tests, the sweep and the traffic model.
 __all__ = ["BWD_MAX_ONE_TILE", "MAX_ONE_TILE", "bwd_groups", "reference",
            "triton_fused", "triton_unfused"]
+
+
+# ------------------------------------------------------------------------------------------------
+# LayerNorm; fused forward and backward
+
+
+@torch.library.custom_op(f"{NS}::layer_norm", mutates_args=())
+def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    y, stats = _fused_forward(x, weight, bias, eps, None, None, None)
+    return y, stats
+
+
+@_layer_norm_op.register_fake
+def _(x, weight, bias, eps):
+    _, n_rows, _ = _check_inputs(x, weight, bias, eps)
+    return _empty_like_rows(x), x.new_empty((2, n_rows), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NS}::layer_norm_backward", mutates_args=())
+def _layer_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                            bias: torch.Tensor | None, stats: torch.Tensor, need_dw: bool,
+                            need_db: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bias is passed for its dtype only (dbias is returned in it)."""
+    dx, dw, db = _lnb.backward(dy, x, weight, stats, need_dw, need_db, None, None, None,
+                               None if bias is None else bias.dtype)
+    # A custom op's outputs cannot be None (nor alias each other): an empty tensor of its own
+    # stands for "not needed".
+    return (dx, x.new_empty((0,)) if dw is None else dw, x.new_empty((0,)) if db is None else db)
+
+
+@_layer_norm_backward_op.register_fake
+def _(dy, x, weight, bias, stats, need_dw, need_db):
+    n = x.shape[-1]
+    dw = x.new_empty((n,), dtype=weight.dtype) if need_dw else x.new_empty((0,))
+    db = x.new_empty((n,), dtype=bias.dtype) if need_db else x.new_empty((0,))
+    return _empty_like_rows(x), dw, db
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight, bias, output[1])
+
+
+def _layer_norm_backward(ctx, dy, _dstats):
+    x, weight, bias, stats = ctx.saved_tensors
+    need_dw = weight is not None and ctx.needs_input_grad[1]
+    need_db = bias is not None and ctx.needs_input_grad[2]
+    dx, dw, db = _layer_norm_backward_op(dy.contiguous(), x, weight, bias, stats, need_dw,
+                                         need_db)
+    return dx, dw if need_dw else None, db if need_db else None, None
+
+
+_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+_layer_norm_backward_op.register_autograd(_no_double_backward("layer_norm's backward"))
+
+
+def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim of x in fused Triton kernels; differentiable (fused backward;
+    no second derivative).
+
+    x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
+    last dim contiguous. weight, bias: None or contiguous (N,) tensors on x's device, N =
+    x.shape[-1], of x's dtype or float32 (as F.layer_norm takes them in mixed precision).
+    Statistics and math in float32; output and dx in x's dtype, dweight and dbias in theirs."""
+    if _direct(x, weight, bias):
+        return _fused_forward(x, weight, bias, eps, None, None, None, stats=False)[0]
+    if not torch.compiler.is_compiling() and all(
+            t is None or type(t) in _PLAIN for t in (x, weight, bias)):
+        # Eager autograd: the autograd.Function costs the host about 40% less than the custom
+        # op's autograd (same kernels; under create_graph its backward is this module's op).
+        return triton_fused(x, weight, bias, eps)
+    # float() would take True, "1e-5" or a tensor: refuse them as the eager path does (this path
+    # also takes nn.Parameter weights); a float's value is checked by the op.
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        _check_eps(eps)
+    return _layer_norm_op(x, weight, bias, float(eps))[0]

@@ -14,11 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
-                      check_warps, descriptor, empty, has_tma, launch, next_pow2, plan_strides,
-                      sm_count_of)
-from ._common import dot as _dot
-from ._common import upcast_bf16 as _upcast_bf16
+from ._checks import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
+                      check_warps, empty, has_tma, next_pow2, sm_count_of)
+from ._plans import plan_strides
+from ._launch import descriptor, launch
+from ._checks import dot as _dot
+from ._checks import upcast_bf16 as _upcast_bf16
 
 PRECISIONS = ("ieee", "tf32")
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")

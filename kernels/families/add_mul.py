@@ -20,9 +20,11 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 import triton
 import triton.language as tl
 
-from ._common import (cached, cdiv, check_contiguous, check_pow2, check_same, check_tensor,
-                      check_warps, default_warps, empty_like, launch, layout_key,
-                      plan_cache)
+from .._checks import (cdiv, check_contiguous, check_pow2, check_same, check_tensor, check_warps,
+                       default_warps, empty_like)
+from .._plans import cached, layout_key, plan_cache
+from .._launch import launch
+from .._autograd import NS, _direct, _empty_like_rows
 
 DEFAULT_BLOCK = 2048
 
@@ -192,3 +194,79 @@ def triton_fused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
         launch(_add_mul_kernel, grid, x, y, z_t, z_s, out, n, period, Z_MODE=mode, BLOCK=block,
                num_warps=num_warps)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# add_mul: (x + y) * z
+
+
+@torch.library.custom_op(f"{NS}::add_mul", mutates_args=())
+def _add_mul_op(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return triton_fused(x, y, z)
+
+
+@torch.library.custom_op(f"{NS}::add_mul_scalar", mutates_args=())
+def _add_mul_scalar_op(x: torch.Tensor, y: torch.Tensor, z: float) -> torch.Tensor:
+    return triton_fused(x, y, z)
+
+
+@_add_mul_op.register_fake
+def _(x, y, z):
+    _check_inputs(x, y, z)
+    return _empty_like_rows(x)
+
+
+@_add_mul_scalar_op.register_fake
+def _(x, y, z):
+    _check_inputs(x, y, z)
+    return _empty_like_rows(x)
+
+
+def _add_mul_setup(ctx, inputs, output):
+    x, y, z = inputs
+    if isinstance(z, torch.Tensor):
+        ctx.save_for_backward(x, y, z)
+    else:
+        ctx.save_for_backward(x, y)
+    ctx.z = None if isinstance(z, torch.Tensor) else z
+
+
+def _add_mul_backward(ctx, dout):
+    """d/dx = d/dy = dout * z; d/dz = dout * (x + y), summed over z's broadcast dims."""
+    if ctx.z is not None:
+        x, y = ctx.saved_tensors
+        g = (dout.float() * ctx.z).to(x.dtype)
+        return g, g, None
+    x, y, z = ctx.saved_tensors
+    g = (dout.float() * z.float()).to(x.dtype)
+    dz = None
+    if ctx.needs_input_grad[2]:
+        full = dout.float() * (x.float() + y.float())
+        lead = full.dim() - z.dim()
+        # guard_or_false: a data-dependent size of z (rows selected by a mask, under
+        # torch.compile) cannot be guarded on; it is taken as not broadcast, as PyTorch's own
+        # broadcasting takes it.
+        dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(z.shape)
+                                          if guard_or_false(s == 1))
+        dz = (full.sum(dims, keepdim=True) if dims else full).reshape(z.shape).to(z.dtype)
+    return g, g, dz
+
+
+_add_mul_op.register_autograd(_add_mul_backward, setup_context=_add_mul_setup)
+_add_mul_scalar_op.register_autograd(_add_mul_backward, setup_context=_add_mul_setup)
+
+
+def add_mul(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:
+    """`(x + y) * z` in one fused Triton kernel; differentiable.
+
+    x, y: contiguous tensors of one shape and dtype (float32, float16 or bfloat16), on CUDA (or on
+    the CPU under TRITON_INTERPRET=1). z: a tensor of the same dtype broadcastable to x, or a Python
+    number. The sum and product are computed in float32 and rounded once to x's dtype.
+    """
+    if _direct(x, y, z):
+        return triton_fused(x, y, z)
+    if isinstance(z, torch.Tensor):
+        return _add_mul_op(x, y, z)
+    if isinstance(z, bool) or not isinstance(z, (int, float)):
+        _check_inputs(x, y, z)  # raises the eager error
+    return _add_mul_scalar_op(x, y, float(z))

@@ -29,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (cached, cdiv, empty, empty_like, launch, layout_key, next_pow2, plan_cache,
-                      scratch, sm_count_of)
+from ..._checks import cdiv, empty, empty_like, next_pow2, scratch, sm_count_of
+from ..._plans import cached, layout_key, plan_cache
+from ..._launch import launch
 
 # Longest row the backward keeps whole in registers (x, dy and two partial-sum rows); wider rows
 # take the split kernel, BWD_SPLIT_BLOCK columns a program.

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, cdiv, check_same, empty, launch, next_pow2, unfused_tile
+from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, unfused_tile
+from ..._launch import launch
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096

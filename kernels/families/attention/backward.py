@@ -19,9 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, empty, interpreting, launch, next_pow2
-from ._common import dot as _dot
-from ._common import upcast_bf16 as _upcast_bf16
+from ..._checks import cdiv, empty, interpreting, next_pow2
+from ..._launch import launch
+from ..._checks import dot as _dot
+from ..._checks import upcast_bf16 as _upcast_bf16
 
 
 @triton.jit

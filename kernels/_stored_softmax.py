@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import empty, launch, next_pow2
+from ._checks import empty, next_pow2
+from ._launch import launch
 
 NEG_INF = tl.constexpr(float("-inf"))
 

@@ -1,0 +1,64 @@
+"""softmax(x) over the last dim: the public op (a PyTorch custom op with its fused backward),
+and the family's implementations side by side: `forward` (reference, triton_unfused,
+triton_fused and the plan that picks the path: one pass, online, split or co-operative rows) and
+`backward` (the same for dx = y * (dy - sum(y * dy)))."""
+from __future__ import annotations
+
+import torch
+
+from ..._autograd import NS, _direct, _empty_like_rows, _no_double_backward
+from ..._checks import as_rows
+from . import backward as _smb
+from . import forward as _sm
+from .forward import plan, reference, triton_fused, triton_unfused
+
+__all__ = ["plan", "reference", "softmax", "triton_fused", "triton_unfused"]
+
+
+# ------------------------------------------------------------------------------------------------
+# softmax over the last dim; fused backward
+
+
+@torch.library.custom_op(f"{NS}::softmax", mutates_args=())
+def _softmax_op(x: torch.Tensor) -> torch.Tensor:
+    return _sm.triton_fused(x)
+
+
+@_softmax_op.register_fake
+def _(x):
+    as_rows("x", x)
+    return _empty_like_rows(x)
+
+
+@torch.library.custom_op(f"{NS}::softmax_backward", mutates_args=())
+def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return _smb.softmax_backward(y, dy)
+
+
+@_softmax_backward_op.register_fake
+def _(y, dy):
+    return _empty_like_rows(y)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return _softmax_backward_op(y, dy.contiguous())
+
+
+_softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+_softmax_backward_op.register_autograd(_no_double_backward("softmax's backward"))
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of x in fused Triton kernels (see `row_softmax.plan` for which);
+    differentiable (one fused backward kernel).
+
+    x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
+    last dim contiguous. Any row length. Math in float32, output in x's dtype and shape."""
+    if _direct(x):
+        return _sm.triton_fused(x)
+    return _softmax_op(x)

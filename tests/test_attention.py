@@ -7,7 +7,7 @@ from triton_fusion_report import kernels
 
 from conftest import TOL, fast_cases, full, rel_err
 
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _plans
 from triton_fusion_report.kernels.families.attention import forward as at
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -94,7 +94,7 @@ def test_without_tma(layout, causal, device, monkeypatch):
     """The path of GPUs without TMA (before Hopper), forced with NO_TMA: plain masked loads at
     the tensors' own strides (views read in place, no copy), any head_dim without host padding;
     the same results as the descriptor path, against float64."""
-    from triton_fusion_report.kernels import _checks, _launch, _plans
+    from triton_fusion_report.kernels import _checks
 
     monkeypatch.setattr(_checks, "NO_TMA", True)
     if layout == "qkv_views":
@@ -528,7 +528,7 @@ def test_cached_checks_still_refuse(device):
 def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
     """Scores that climb along the keys (the running max grows at every tile), grouped heads,
     odd lengths (a partial key tile, a diagonal), and the log-sum-exp the backward reads."""
-    from triton_fusion_report.kernels import _checks, _launch, _plans
+    from triton_fusion_report.kernels import _checks
 
     monkeypatch.setattr(_checks, "NO_TMA", no_tma)
     monkeypatch.setattr(at, "_PLANS", {})

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _checks, _plans
 
 
 @pytest.mark.parametrize("value", [0, 8, 17, 100, 16.0, True, "32", None])

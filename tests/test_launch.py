@@ -14,7 +14,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _launch
 
 from conftest import tool
 

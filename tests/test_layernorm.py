@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _checks, _plans
 from triton_fusion_report.kernels.families import layer_norm as ln
 from triton_fusion_report import kernels as ops
 from triton_fusion_report.kernels.families.layer_norm import backward as lnb

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _checks, _launch
 from triton_fusion_report.kernels.families import linear_act as la
 from triton_fusion_report.kernels import _matmul as mc
 from triton_fusion_report.kernels.families import matmul_softmax as sr
@@ -619,7 +619,7 @@ def test_tma_kernels_in_cuda_graphs_and_compile(op, shape, kernel, monkeypatch):
 
 
 def test_store_softmax_is_the_matmul_then_the_softmax_in_place(device, monkeypatch):
-    """store_softmax: matmul_core's matmul writes the logits into the output, which the row
+    """store_softmax: _matmul's matmul writes the logits into the output, which the row
     softmax rewrites in place (no second buffer); the matmul's own tiles, so tile options are
     refused. A row wider than the softmax's one tile is read twice and still right."""
     monkeypatch.setattr(sr, "STORE_SOFTMAX_MAX_C", 64)

@@ -9,7 +9,7 @@ import torch
 import triton
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _checks, _launch
 from triton_fusion_report.kernels.families.attention import forward as flash_attention
 from triton_fusion_report.kernels.families import softmax_matmul as softmax_v
 

@@ -1,4 +1,4 @@
-"""The registered ops (kernels/ops.py): opcheck, torch.compile without graph breaks, gradients
+"""The registered ops (each op's module under kernels/families/): opcheck, torch.compile without graph breaks, gradients
 against float64, and the refusals (double backward)."""
 import pytest
 import torch

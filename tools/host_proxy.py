@@ -183,7 +183,7 @@ def measure(calls: int = 2000) -> list[tuple[str, float, float]]:
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from triton_fusion_report.kernels import _checks, _launch, _plans
+    from triton_fusion_report.kernels import _launch
 
     # The kernels are JITFunctions (no interpreter at import); the checks take CPU tensors.
     knobs.runtime.interpret = True
@@ -235,7 +235,7 @@ def check_fast_path() -> list[str]:
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from triton_fusion_report.kernels import _checks, _launch, _plans
+    from triton_fusion_report.kernels import _launch
 
     knobs.runtime.interpret = True  # (the checks take CPU tensors)
     problems, calls, runs = [], [], []
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="instead: check that each op's launches take the fast path unchanged")
     args = ap.parse_args(argv)
-    from triton_fusion_report.kernels import _checks, _launch, _plans
+    from triton_fusion_report.kernels import _checks, _launch
 
     if args.check:
         problems = check_fast_path()

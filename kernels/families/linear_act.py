@@ -3,7 +3,7 @@ weight (K, N), i.e. `x @ weight`, NOT F.linear's (N, K) layout (pass `linear.wei
 strides work). Unfused, the pre-activation (bias added in the matmul's epilogue) makes a round
 trip through memory, stored in the input dtype as PyTorch eager stores it; fused, the bias and
 activation are applied to the float32 accumulator before the single store. Both use
-kernels.matmul_core's matmul. float32 defaults to "tf32" here (what fast float32 GEMMs use; label
+kernels._matmul's matmul. float32 defaults to "tf32" here (what fast float32 GEMMs use; label
 such rows tf32), "ieee" on request.
 """
 from __future__ import annotations

@@ -347,7 +347,7 @@ def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
     x: (batch, d1, d2), v: (batch, d2, d3), one dtype (float32, float16 or bfloat16), any strides,
     on CUDA (or on the CPU under TRITON_INTERPRET=1). float32 uses IEEE products, like PyTorch's
-    default; see softmax_v.triton_fused for tf32 and block sizes. Returns (batch, d1, d3) in x's
+    default; see triton_fused for tf32 and block sizes. Returns (batch, d1, d3) in x's
     dtype.
     """
     if _direct(x, v):

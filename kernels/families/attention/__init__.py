@@ -61,7 +61,7 @@ def _attention_setup(ctx, inputs, output):
 
 
 def _attention_backward(ctx, dout, _dlse):
-    """FlashAttention-2's backward kernels (kernels.flash_attention_backward)."""
+    """FlashAttention-2's backward kernels (kernels.families.attention.backward)."""
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.sm_scale)
     return dq, dk, dv, None, None

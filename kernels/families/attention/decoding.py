@@ -156,7 +156,7 @@ def default_splits(batch_kv_heads: int, seq_k: int, device) -> int:
 def attention(q, k, v, causal: bool, sm_scale: float, *, num_splits=None, block_n=None,
               num_warps=None, num_stages=None, return_lse=True):
     """out (q's shape and dtype) and lse (float32 (batch * heads, seq_q), base 2; None unless
-    return_lse), inputs checked by flash_attention._check_inputs. num_splits: chunks of the keys
+    return_lse), inputs checked by forward._check_inputs. num_splits: chunks of the keys
     (None: default_splits)."""
     options = (num_splits, block_n, num_warps, num_stages)
     key = layout_key((q, k, v), options)

@@ -199,7 +199,7 @@ def _check_layout(q, k, v, causal, sm_scale):
             raise TypeError(
                 f"{name} has dtype {dt}; the attention kernel runs on float16 or bfloat16 "
                 f"(tensor-core inputs): cast with .half() or .bfloat16(), or use "
-                f"kernels.flash_attention.reference for {dt}"
+                f"kernels.families.attention.reference for {dt}"
             )
         check_tensor(name, t, dtypes=DTYPES, ndim=4)
     check_same([("q", q), ("k", k), ("v", v)])
@@ -477,7 +477,7 @@ def triton_unfused(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
     """The naive algorithm as three Triton kernels, each writing its result to memory:
     S = q k^T * scale (q's dtype), P = softmax(S) with the causal mask, O = P v.
 
-    The matmul kernel is kernels.softmax_v's, the row softmax kernels.stored_softmax's.
+    The matmul kernel is kernels._bmm's, the row softmax kernels._stored_softmax's.
     """
     sm_scale = _check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, head_dim = q.shape

@@ -5,8 +5,8 @@ and every output is rounded once to its dtype. weight and bias are optional (Non
 shift). var is the biased variance (divided by N), as in torch.
 
 This module holds the reference, the unfused baseline, the checks and the public, differentiable
-functions; the fused kernels and their plans are in `layernorm_forward` (one kernel: x read once,
-y written once) and `layernorm_backward` (one kernel for dx and partial dweight/dbias, one to sum
+functions; the fused kernels and their plans are in `forward` (one kernel: x read once,
+y written once) and `backward` (one kernel for dx and partial dweight/dbias, one to sum
 the partials).
 
 Unfused (forward only: five kernels, the steps one would write without fusion) every step

@@ -250,7 +250,7 @@ def bwd_plan(n_cols: int, itemsize: int, block=None, num_warps=None) -> _BwdPlan
         return _BwdPlan(block, 1, num_warps or max(1, min(32, block // 256)), False, False)
     tile = 2 * BWD_TILE if itemsize <= 2 and block >= 4096 else BWD_TILE
     if n_cols % 16:
-        # Unvectorised loads (see layernorm_forward.fwd_plan): half the tile, and 32 warps at 8192, to keep the
+        # Unvectorised loads (see forward.fwd_plan): half the tile, and 32 warps at 8192, to keep the
         # spills away (8192 still spills 128 bytes a thread).
         tile = BWD_TILE // 2
         if num_warps is None and block >= 8192:

@@ -1,7 +1,7 @@
 """Softmax regression, `matmul_softmax(x, weight, bias)` = softmax(x @ weight + bias, -1): x (B, K),
 weight (K, C), bias (C,). Unfused, the (B, C) logits are written by the matmul (the bias in its
 epilogue, as cuBLAS's addmm does) and read back by a softmax kernel; fused, only the probabilities
-are written. The matmul is kernels.matmul_core's.
+are written. The matmul is kernels._matmul's.
 matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_softmax_plan`):
 
 - "simple": one program per row, all C logits of the row in registers, the product as broadcast
@@ -16,9 +16,9 @@ matmul_softmax's fused methods (`METHODS`; `method=None` picks, see `matmul_soft
   the output dtype; pass 2 is a light elementwise kernel that rewrites that buffer in place as
   probs. One matmul; the logits cost one extra write and read (2BC elements) but no separate
   max/sum reduction pass (the partials come from the matmul's epilogue).
-- "store_softmax": for C up to STORE_SOFTMAX_MAX_C, pass 1 is kernels.matmul_core's matmul (the
+- "store_softmax": for C up to STORE_SOFTMAX_MAX_C, pass 1 is kernels._matmul's matmul (the
   bias in its epilogue, its own tiles) writing the logits into the output buffer; pass 2 the row
-  softmax (kernels.stored_softmax) rewrites it in place, each row read once. The same traffic as
+  softmax (kernels._stored_softmax) rewrites it in place, each row read once. The same traffic as
   "two_pass_store" and as the unfused pair (whose logits buffer it saves), without computing
   the row partials in the matmul's epilogue: on Hopper that epilogue runs while the tensor cores
   idle (no warp specialisation in Triton 3.6), and the unfused pair was 4-91% faster than
@@ -100,7 +100,7 @@ class _FusedLaunch(NamedTuple):
     """How matmul_softmax_fused runs one layout (cached): the plan, whether weight is copied into
     16-byte-aligned rows first (_aligned_rows), the strides the kernels take (x's, the weight's
     they read, bias's, out's row), their dot constexprs and options, and which operands are
-    copied K-contiguous first (matmul_core.tf32_copies)."""
+    copied K-contiguous first (_matmul.tf32_copies)."""
 
     plan: MatmulSoftmaxPlan
     pad_weight: bool
@@ -109,10 +109,10 @@ class _FusedLaunch(NamedTuple):
     options: dict
     copies: tuple
     # The multi-tile methods on Hopper's TMA: (descriptor specs of x and the weight, A_T, B_T) as
-    # matmul_core.tma_specs gives them, where the layouts allow it; the call still takes the
+    # _matmul.tma_specs gives them, where the layouts allow it; the call still takes the
     # pointer kernels if its tensors are not 16-byte aligned.
     tma: tuple | None = None
-    # store_softmax: matmul_core's launch of the logits' matmul into the output.
+    # store_softmax: _matmul's launch of the logits' matmul into the output.
     gemm: object = None
 
 
@@ -136,7 +136,7 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
                plan_strides(bias)[0] if bias is not None else 0, C)  # out: a new contiguous (B, C)
     tma = None
     tiles = cdiv(B, plan.block_b) * cdiv(C, plan.block_c)
-    # As matmul_core.gemm_launch: TMA where the grid holds at least one tile per SM. "tiled" only
+    # As _matmul.gemm_launch: TMA where the grid holds at least one tile per SM. "tiled" only
     # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows;
     # docs/matmul_softmax.md) TMA took 63 against 88 us at K 512, C 50 and 93 against 234 at
     # K 1024, C 100, but 48 against 33 at K 128, C 10 (two K tiles: nothing to pipeline) and 68
@@ -328,7 +328,7 @@ _matmul_softmax_op.register_autograd(_matmul_softmax_backward, setup_context=_ma
 
 def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """`softmax(x @ weight + bias, -1)` with the matmul and the softmax fused (see
-    `softmax_regression.matmul_softmax_plan`); differentiable (backward in PyTorch ops).
+    `plan.matmul_softmax_plan`); differentiable (backward in PyTorch ops).
 
     x (B, K), weight (K, C), bias (C,) or None; one dtype (float32, float16, bfloat16), on CUDA (or
     on the CPU under TRITON_INTERPRET=1). Returns (B, C) probabilities in x's dtype."""

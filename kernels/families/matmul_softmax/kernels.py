@@ -173,7 +173,7 @@ def _ms_pass_tma_kernel(a_desc, b_desc, bias_ptr, out_ptr, m_ptr, l_ptr, B, C, K
                         UPCAST: tl.constexpr):
     """Pass 1 (_ms_stats_kernel: m_ptr, l_ptr the partials) or, with PROBS, pass 2 of "online"
     (_ms_probs_kernel: m_ptr, l_ptr each row's m and 1/l) on Hopper's TMA, persistent (as
-    matmul_core._matmul_tma_kernel)."""
+    _matmul._matmul_tma_kernel)."""
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), tl.cdiv(B, BLOCK_B) * n_tiles, tl.num_programs(0)):
         pid_b, pid_c = _grouped(tile, B, C, BLOCK_B, BLOCK_C, GROUP_B)

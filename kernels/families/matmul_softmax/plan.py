@@ -102,7 +102,7 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
     if method == STORE_SOFTMAX and any(o is not None for o in (block_b, block_c, block_k,
                                                                 num_warps, num_stages)):
-        raise ValueError("method 'store_softmax' runs kernels.matmul_core's matmul with that "
+        raise ValueError("method 'store_softmax' runs kernels._matmul's matmul with that "
                          "module's own tiles and launch options: block_b, block_c, block_k, "
                          "num_warps and num_stages do not apply")
     stages = 3

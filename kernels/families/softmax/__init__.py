@@ -54,7 +54,7 @@ _softmax_backward_op.register_autograd(_no_double_backward("softmax's backward")
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of x in fused Triton kernels (see `row_softmax.plan` for which);
+    """Softmax over the last dim of x in fused Triton kernels (see `forward.plan` for which);
     differentiable (one fused backward kernel).
 
     x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),

@@ -33,7 +33,9 @@ def constants(module: str, *names: str) -> dict:
     return {n: found[n] for n in names}
 
 
-def timing_say() -> dict:
+def timing_say(n_trials: list[int] | None = None) -> dict:
+    """The timing protocol's sentences; `n_trials`: the trial counts the data's rows have (the
+    full grid times three trials, the book grid one)."""
     t = constants("timing", "WARMUP_MS", "REP_MS", "MIN_REPS", "SETTLED", "CONFIDENCE",
                   "FLUSH_BYTES", "DEVICE_REPS")
     trials = constants("sweep", "TRIALS", "MAX_AUTOTUNE")
@@ -44,11 +46,14 @@ def timing_say() -> dict:
                    f"after a write of {flush} that flushes the L2 cache and timed with CUDA "
                    f"events, until the {100 * t['CONFIDENCE']:.0f}% interval of the median lies "
                    f"within ±{100 * t['SETTLED']:g}% of it (at least {t['MIN_REPS']} calls, "
-                   f"at most {t['REP_MS']} ms of them). Every configuration is timed in "
-                   f"{trials['TRIALS']} trials on fresh random inputs, the implementations "
-                   "taking turns trial by trial so that a drift of clocks or temperature falls "
-                   "on all alike; a row keeps the median of its trial medians, and the lowest "
-                   "and highest trial median (the band around a line in the figures)."),
+                   f"at most {t['REP_MS']} ms of them). " + (
+                       "Every configuration is timed once (the default grid; the full one times "
+                       f"{trials['TRIALS']} trials)." if n_trials and max(n_trials) == 1 else
+                       f"Every configuration is timed in {max(n_trials or [trials['TRIALS']])} "
+                       "trials on fresh random inputs, the implementations taking turns trial "
+                       "by trial so that a drift of clocks or temperature falls on all alike; a "
+                       "row keeps the median of its trial medians, and the lowest and highest "
+                       "trial median (the band around a line in the figures).")),
         "device": (f"The device time replays {t['DEVICE_REPS'][0]} to {t['DEVICE_REPS'][1]} calls "
                    f"captured in a CUDA graph, each after the same {flush} write and between two "
                    "events recorded inside the graph, and keeps the median per call."),
@@ -82,9 +87,11 @@ def limits_table(paths: list) -> pd.DataFrame:
 
 
 def compute(folders: list) -> dict:
-    say = timing_say()
-    limits = limits_table(folders)
     first = folders_of(folders[:1])[0]
+    rows = first.rows
+    say = timing_say(sorted({int(n) for n in rows["n_trials"].dropna()})
+                     if len(rows) and "n_trials" in rows else None)
+    limits = limits_table(folders)
     by_run = limits_by_run(first.limits)
     copy, fp16 = span(by_run, "copy"), span(by_run, "fp16")
     if copy[0] == copy[0] and fp16[0] == fp16[0]:

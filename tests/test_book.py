@@ -66,8 +66,13 @@ def run_chapter(qmd: Path, results) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
+def _no_cache(monkeypatch, tmp_path):
+    """No chapter cache; the data appendix's CSV files in the test's own folder, not in
+    report/data/, which a render running beside the tests (CI) copies into its output."""
+    from triton_fusion_report.analysis.book import data_tables
+
     monkeypatch.setattr(book, "CACHE", False)
+    monkeypatch.setattr(data_tables, "CSV_DIR", tmp_path / "csv")
 
 
 def test_chapters_are_the_files():

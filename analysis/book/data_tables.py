@@ -261,10 +261,11 @@ def csv_files(folder: Path) -> list[str]:
     return [f"{stem}.csv" for stem in sorted(stems)]
 
 
-def write_csvs(folders: list, target: Path = CSV_DIR) -> None:
+def write_csvs(folders: list, target: Path | None = None) -> None:
     """Write every folder's files of `csv_files` under target/<folder name>/ (emptied first, so
     a file this render lacks leaves no old one behind). Called by the data appendix's cell: not
-    part of `compute`, which stays free of side effects."""
+    part of `compute`, which stays free of side effects. target: CSV_DIR unless given."""
+    target = CSV_DIR if target is None else target
     shutil.rmtree(target, ignore_errors=True)
     for folder, name in csv_names(folders).items():
         (target / name).mkdir(parents=True, exist_ok=True)

@@ -1360,3 +1360,41 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
             else:
                 assert not impls & (searching | left_out), (family, p.shape)
     assert families.TRIALS == {"book": 1, "full": 3, "smoke": 1}
+
+
+def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):
+    """The warm-up calls each Triton and default torch.compile variant (and its graph_fn) once,
+    none of the searching baselines, and turns off every disk copy of a tuning choice."""
+    from types import SimpleNamespace
+
+    from triton_fusion_report.analysis.bench import warm
+
+    args = SimpleNamespace(grid="smoke", family=["layernorm"], op=None, where=None)
+    problem = families.select_problems(args)[0]
+    called = []
+    for v in problem.variants:
+        v.fn = (lambda name: lambda *a: called.append(name))(v.impl)
+        v.graph_fn = None
+    assert warm.warm_problem(problem, torch.device("cpu")) == len(called)
+    assert sorted(called) == sorted(v.impl for v in problem.variants if v.impl in warm.WARMED)
+    assert set(called) <= set(warm.WARMED) and "torch_compile" in called
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "autotune_local_cache", True)
+    warm.no_kept_choices()
+    from triton import knobs
+
+    assert not knobs.autotuning.cache and not inductor_config.autotune_local_cache
+
+
+@FULL
+def test_warm_processes_run_the_smoke_grid(tmp_path):
+    """Two spawned processes warm the elementwise smoke grid (the interpreter: the machinery)."""
+    from types import SimpleNamespace
+
+    from triton_fusion_report.analysis.bench import warm
+
+    args = SimpleNamespace(grid="smoke", family=["elementwise"], op=None, where=None,
+                           device="cpu", no_progress=True)
+    assert warm.run(args, families.select_problems(args), 2) > 0

@@ -47,6 +47,10 @@ def parse(argv=None):
     ap.add_argument("--workers", type=int, default=None,
                     help="processes sharing the configurations, one per GPU (default: every "
                          "visible GPU; on the CPU 1)")
+    ap.add_argument("--warm", type=int, default=None, metavar="N",
+                    help="processes that compile every problem's Triton and torch.compile "
+                         "variants before the timed sweep (analysis/bench/warm.py; default: half "
+                         "the CPUs, at most 8, on one GPU; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--resume", action="store_true",
@@ -86,6 +90,11 @@ def parse(argv=None):
     if "--grid" not in given:  # the record names the grid, default or not
         given += ["--grid", args.grid]
     args.argv = ["python -m triton_fusion_report.analysis.bench", *given]
+    if args.warm is None:
+        from .warm import default_workers
+
+        one_gpu = torch.device(args.device).type == "cuda" and args.workers == 1
+        args.warm = default_workers() if one_gpu else 0
     return args, problems
 
 
@@ -98,6 +107,12 @@ def main(argv=None) -> int:
 
             paths = workers.run(args, problems)
         else:
+            if args.warm > 0:
+                from . import warm
+
+                took = warm.run(args, problems, args.warm)
+                print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes)",
+                      flush=True)
             paths = measure(args, problems, args.out, torch.device(args.device))
     finally:
         os.close(held)

@@ -30,6 +30,8 @@ SPACE := $(subst ,, )
 # The bench's grid: book (what the book shows, ~5 min on one H100), full (the references), smoke.
 GRID ?= book
 BENCH_ARGS ?=
+# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: half the CPUs).
+WARM ?= 0
 # Test processes (pytest-xdist): the compiling is most of a test run's time, and parallel.
 JOBS ?= auto
 OUTPUT_DIR := _output
@@ -69,7 +71,7 @@ test-all: setup ## every correctness test: the whole matrix of shapes, dtypes an
 
 bench: setup ## GPU: the sweeps of GRID (book, full or smoke) and their tail steps into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
-	@$(call timed,sweep,-m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) $(BENCH_ARGS))
+	@$(call timed,sweep,-m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(BENCH_ARGS))
 	@# Seed 002's own protocol (the attention chapter shows its CSV), launch costs, GPT-2.
 	@if [ -z "$(BENCH_ARGS)" ] && [ "$(GRID)" != smoke ]; then \
 	  $(call timed,seed002,-m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT)) && \

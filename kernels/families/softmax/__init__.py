@@ -53,12 +53,33 @@ _softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 _softmax_backward_op.register_autograd(_no_double_backward("softmax's backward"))
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of x in fused Triton kernels (see `forward.plan` for which);
-    differentiable (one fused backward kernel).
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax over dimension `dim` of x (as `torch.softmax(x, dim)`) in fused Triton kernels (see
+    `forward.plan` for which); differentiable (one fused backward kernel).
 
     x: float32, float16 or bfloat16, at least 1-D, on CUDA (or on the CPU under TRITON_INTERPRET=1),
-    last dim contiguous. Any row length. Math in float32, output in x's dtype and shape."""
+    any strides. Any row length. Math in float32, output in x's dtype and shape. The kernels read
+    rows whose elements are adjacent: over another dim, or where the rows cannot be viewed in
+    place (a non-contiguous last dim, leading dims that do not merge), x is first copied into
+    that layout (one more read and write of x, as a transpose costs)."""
+    if dim != -1 and isinstance(x, torch.Tensor) and x.ndim:
+        if dim.__class__ is not int or not -x.ndim <= dim < x.ndim:
+            raise ValueError(f"dim must be an int in [{-x.ndim}, {x.ndim}), got {dim!r}")
+        if dim % x.ndim != x.ndim - 1:
+            return softmax(x.movedim(dim, -1), -1).movedim(-1, dim)
+    if isinstance(x, torch.Tensor) and not x.is_contiguous() and not _rows_in_place(x):
+        x = x.contiguous()
     if _direct(x):
         return _sm.triton_fused(x)
     return _softmax_op(x)
+
+
+def _rows_in_place(x: torch.Tensor) -> bool:
+    """Whether x's rows (its last dim) can be viewed as a (rows, cols) matrix without a copy."""
+    if x.ndim == 0 or x.shape[-1] > 1 and x.stride(-1) != 1:
+        return x.ndim == 0  # a 0-d x: refused by the kernel's checks, as it is
+    try:
+        x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return False
+    return True

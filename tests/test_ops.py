@@ -22,6 +22,7 @@ def _cases():
     q, k, v = (_r(1, 2, 24, 16, dtype=torch.float16) for _ in range(3))
     xm, wm, bm = _r(12, 16), _r(16, 24), _r(24)
     xs, vs = _r(2, 9, 20), _r(2, 20, 16)
+    wv, tv = _r(30, 16), torch.randint(0, 30, (12,), device=DEVICE)
     return [
         ("add_mul", kernels.add_mul, (x, y, z), (x, y, z)),
         ("add_mul_scalar", kernels.add_mul, (x, y, 1.5), (x, y, 1.5)),
@@ -32,6 +33,8 @@ def _cases():
         ("attention", kernels.attention, (q, k, v, True, None), (q, k, v, True)),
         ("matmul_softmax", kernels.matmul_softmax, (xm, wm, bm), (xm, wm, bm)),
         ("linear_act", kernels.linear_act, (xm, wm, bm, "gelu"), (xm, wm, bm, "gelu")),
+        ("linear_cross_entropy", kernels.linear_cross_entropy,
+         (xm, wv, tv, _r(30), -100, "mean", 0.0), (xm, wv, tv, _r(30))),
     ]
 
 
@@ -86,18 +89,20 @@ def test_compiles_without_graph_breaks(name):
     """The public function inside a compiled function (fullgraph: a graph break raises), forward
     and backward, with Dynamo's eager backend (Inductor's is checked on the GPU)."""
     _, fn, _, args = CASES[name]
-    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a
-              for a in args]
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor)
+              and a.is_floating_point() else a for a in args]
 
     def f(*a):
         return fn(*a) * 2
 
+    torch._dynamo.reset()  # one code object f for every op: no op meets the recompile limit
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     out = compiled(*leaves)
     want = fn(*args) * 2
     assert rel_err(out, want) <= 1e-6
     out.float().sum().backward()
-    assert all(t.grad is not None for t in leaves if isinstance(t, torch.Tensor))
+    assert all(t.grad is not None for t in leaves if isinstance(t, torch.Tensor)
+               and t.is_floating_point())
 
 
 def test_compile_errors_keep_their_messages():
@@ -314,14 +319,15 @@ def test_forward_mode_ad_is_refused(name):
     import torch.autograd.forward_ad as fwAD
 
     _, public, _, args = CASES[name]
-    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
+               and a.is_floating_point()]
     with fwAD.dual_level():
         for i in tensors:
             dual = list(args)
             dual[i] = fwAD.make_dual(args[i], torch.randn_like(args[i]))
             with pytest.raises(NotImplementedError, match="forward-mode AD"):
                 public(*dual)
-        assert public(*args).shape
+        assert public(*args) is not None
 
 
 def test_parameters_take_the_direct_path(monkeypatch):

@@ -1,0 +1,213 @@
+"""The LM head and its loss as one op: `cross_entropy(x @ weight.T + bias, target)` that never
+holds the (tokens, vocabulary) logits, forward and backward.
+
+Unfused (eager, torch.compile), a training step writes the logits (8192 x 50257 in bf16: 0.8 GB),
+reads them for the loss, keeps them (or float32 copies) for the backward, and writes their
+gradient. Here the tokens go through in chunks of rows: for each chunk the logits are one matmul
+(cuBLAS) into a chunk-sized buffer, one Triton kernel per row turns them into the loss and, in
+the same buffer, into their gradient (softmax minus the smoothed one-hot, scaled), and two more
+matmuls take that gradient to dx and into dweight (and its column sums into dbias). The gradients
+are computed during the forward (Liger-Kernel's fused linear cross-entropy does the same); the
+backward only scales them by the incoming gradient. Memory: one chunk of logits, whatever the
+token count. Three matmuls (the logits and the two gradient products) are the floor; the row
+kernel reads and writes each chunk's logits once more.
+
+A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path: the
+weight is padded with zero rows to a multiple of 64 (a copy of the weight per call), and the
+kernel masks the padded columns out of the softmax and writes them a zero gradient.
+
+Reductions "mean" (over the targets that are not `ignore_index`, as torch) and "sum"; label
+smoothing as torch's. float16, bfloat16 (logits in the input dtype, as cuBLAS writes them; the
+softmax and the loss in float32) and float32 (matmuls in TF32 where PyTorch allows it).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._autograd import NS, _direct
+from .._checks import check_pow2, check_same, check_tensor, empty, next_pow2
+from .._launch import launch
+
+REDUCTIONS = ("mean", "sum")
+CHUNK_BYTES = 256 * 2**20  # one chunk of logits (and their gradient, in place): at most this
+BLOCK_V = 4096  # the row kernel's tile of the vocabulary
+PAD_TO = 64  # a vocabulary that is not a multiple of 8 is padded to a multiple of this
+
+
+def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
+              label_smoothing=0.0):
+    """The semantics, in PyTorch eager: the logits, then F.cross_entropy (float32 math)."""
+    logits = x @ weight.t()
+    if bias is not None:
+        logits = logits + bias
+    return torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=ignore_index,
+                                             reduction=reduction,
+                                             label_smoothing=label_smoothing).to(x.dtype)
+
+
+@triton.jit
+def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_index, scale,
+                    smoothing, WITH_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of logits: its loss, and (WITH_GRAD) their gradient written over them:
+    (softmax - (1 - smoothing) onehot(target) - smoothing / V) * scale; 0 where the target is
+    ignored. Padding columns (>= V) are left as they are: the weight's rows there are zero, so
+    they reach neither dx nor a kept gradient."""
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride_row
+    target = tl.load(target_ptr + row)
+    cols = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    for start in tl.range(0, V, BLOCK):
+        c = start + cols
+        z = tl.load(base + c, mask=c < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, z)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
+        s = s * tl.exp(m - m_safe) + tl.exp(z - m_safe)
+        m = m_new
+        total += tl.where(c < V, z, 0.0)
+    row_max = tl.max(m, 0)
+    sum_exp = tl.sum(s * tl.exp(m - row_max), 0)
+    lse = row_max + tl.log(sum_exp)
+    ignored = target == ignore_index
+    z_target = tl.load(base + target, mask=target != ignore_index, other=0.0).to(tl.float32)
+    loss = lse - (1.0 - smoothing) * z_target - smoothing / V * tl.sum(total, 0)
+    tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
+    if WITH_GRAD:
+        row_scale = tl.where(ignored, 0.0, scale)
+        for start in tl.range(0, V, BLOCK):
+            c = start + cols
+            z = tl.load(base + c, mask=c < V, other=0.0).to(tl.float32)
+            g = (tl.exp(z - lse) - smoothing / V - (1.0 - smoothing) * (c == target)) * row_scale
+            tl.store(base + c, g.to(logits_ptr.dtype.element_ty), mask=c < V)
+
+
+def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing):
+    check_tensor("x", x, ndim=2)
+    check_tensor("weight", weight, ndim=2)
+    check_same([("x", x), ("weight", weight)] + ([("bias", bias)] if bias is not None else []))
+    check_tensor("target", target, dtypes=(torch.int64, torch.int32), ndim=1)
+    if target.device != x.device:
+        raise ValueError(f"target is on {target.device}, x on {x.device}")
+    if weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight must be (vocabulary, {x.shape[1]}) as nn.Linear stores it, "
+                         f"got {tuple(weight.shape)}")
+    if target.shape[0] != x.shape[0]:
+        raise ValueError(f"target has {target.shape[0]} entries for {x.shape[0]} rows of x")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS} (for per-token losses, "
+                         f"F.cross_entropy on the logits), got {reduction!r}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if ignore_index.__class__ is not int:
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                 label_smoothing=0.0, *, with_grad=True, chunk_rows=None, block=BLOCK_V):
+    """(loss, dx, dweight, dbias): the loss and, with_grad, its gradients (dbias None without a
+    bias), the logits never held beyond one chunk of `chunk_rows` rows (default: CHUNK_BYTES of
+    them)."""
+    _check(x, weight, target, bias, ignore_index, reduction, label_smoothing)
+    check_pow2("block", block)
+    n, hidden = x.shape
+    vocab = weight.shape[0]
+    w = weight
+    if vocab % 8:  # cuBLAS's fast path needs aligned rows of the logits: pad the vocabulary
+        w = torch.zeros((-(-vocab // PAD_TO) * PAD_TO, hidden), dtype=weight.dtype,
+                        device=weight.device)
+        w[:vocab] = weight
+    padded = w.shape[0]
+    kept = target != ignore_index
+    if bool((kept & ((target < 0) | (target >= vocab))).any()):  # a host sync, as torch's check
+        raise ValueError(f"target holds class indices outside [0, {vocab}) that are not "
+                         f"ignore_index ({ignore_index})")
+    # The mean over the targets kept (none kept: nan, as torch); a number for the kernel.
+    scale = 1.0 / float(kept.sum()) if reduction == "mean" and bool(kept.any()) else (
+        float("nan") if reduction == "mean" else 1.0)
+    if chunk_rows is None:
+        chunk_rows = max(1, min(n, CHUNK_BYTES // (padded * x.element_size())))
+    losses = empty((n,), torch.float32, x.device)
+    dx = torch.empty_like(x) if with_grad else None
+    dw = torch.zeros((padded, hidden), dtype=torch.float32, device=x.device) if with_grad else None
+    db = torch.zeros((vocab,), dtype=torch.float32, device=x.device) \
+        if with_grad and bias is not None else None
+    for start in range(0, n, chunk_rows):
+        rows = slice(start, min(n, start + chunk_rows))
+        xc = x[rows]
+        logits = xc @ w.t()
+        if bias is not None:
+            logits[:, :vocab] += bias
+        launch(_ce_rows_kernel, (logits.shape[0],), logits, target[rows], losses[rows], vocab,
+               logits.stride(0), ignore_index, scale, float(label_smoothing),
+               WITH_GRAD=with_grad, BLOCK=min(block, max(16, next_pow2(vocab))))
+        if with_grad:
+            dx[rows] = logits @ w
+            dw += (logits.t() @ xc).float()
+            if db is not None:
+                db += logits[:, :vocab].float().sum(0)
+    loss = (losses.sum() * scale).to(x.dtype)
+    if not with_grad:
+        return loss, None, None, None
+    return (loss, dx, dw[:vocab].to(weight.dtype),
+            None if db is None else db.to(bias.dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# the op: the gradients made in the forward, scaled in the backward
+
+
+@torch.library.custom_op(f"{NS}::linear_cross_entropy", mutates_args=())
+def _linear_cross_entropy_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                             bias: torch.Tensor | None, ignore_index: int, reduction: str,
+                             label_smoothing: float
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, dx, dw, db = triton_fused(x, weight, target, bias, ignore_index, reduction,
+                                    label_smoothing)
+    return loss, dx, dw, db if db is not None else x.new_empty(0)
+
+
+@_linear_cross_entropy_op.register_fake
+def _(x, weight, target, bias, ignore_index, reduction, label_smoothing):
+    _check(x, weight, target, bias, ignore_index, reduction, label_smoothing)
+    return (x.new_empty(()), torch.empty_like(x), torch.empty_like(weight),
+            bias.new_empty(bias.shape) if bias is not None else x.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    _, dx, dw, db = output
+    ctx.has_bias = inputs[3] is not None
+    ctx.save_for_backward(dx, dw, db)
+
+
+def _backward(ctx, dloss, _dx, _dw, _db):
+    dx, dw, db = ctx.saved_tensors
+    g = dloss.to(dx.dtype)
+    return (dx * g, dw * g, None, db * g if ctx.has_bias else None, None, None, None)
+
+
+_linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup)
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias=None, ignore_index: int = -100, reduction: str = "mean",
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+    """`F.cross_entropy(x @ weight.T + bias, target)` (an LM head and its loss) without holding
+    the logits; differentiable in x, weight and bias (gradients made during the forward).
+
+    x (N, H), weight (V, H) as nn.Linear stores it, bias (V,) or None, target (N,) int64 class
+    indices (ignore_index: no loss, no gradient). reduction "mean" or "sum". One float dtype for
+    x, weight and bias; the loss in it."""
+    if _direct(x, weight, bias):
+        return triton_fused(x, weight, target, bias, ignore_index, reduction, label_smoothing,
+                            with_grad=False)[0]
+    return _linear_cross_entropy_op(x, weight, target, bias, ignore_index, reduction,
+                                    float(label_smoothing))[0]
+
+
+__all__ = ["linear_cross_entropy", "reference", "triton_fused"]

@@ -1,0 +1,110 @@
+"""The fused LM head + cross-entropy (kernels.linear_cross_entropy) against float64: the loss and
+the gradients of x, weight and bias, over reductions, label smoothing, ignored targets, a
+vocabulary that is padded (not a multiple of 8) or not, and chunks of rows."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels.families import linear_cross_entropy as lce
+
+from conftest import full
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _inputs(n, hidden, vocab, dtype, device, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, hidden, generator=g).to(device, dtype)
+    w = (torch.randn(vocab, hidden, generator=g) * hidden**-0.5 * 3).to(device, dtype)
+    b = (0.1 * torch.randn(vocab, generator=g)).to(device, dtype) if bias else None
+    t = torch.randint(0, vocab, (n,), generator=g).to(device)
+    t[::7] = -100  # ignored
+    return x, w, b, t
+
+
+def _want(x, w, b, t, **kw):
+    """The loss and the gradients of x, weight, bias in float64."""
+    leaves = [a.double().requires_grad_() if a is not None else None for a in (x, w, b)]
+    logits = leaves[0] @ leaves[1].t() + (leaves[2] if b is not None else 0)
+    loss = F.cross_entropy(logits, t, **kw)
+    loss.backward()
+    return loss.detach(), [a.grad if a is not None else None for a in leaves]
+
+
+def _rel(a, b):
+    return ((a.double() - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("smoothing", [0.0, *full(0.1)])
+@pytest.mark.parametrize("vocab", [300, *full(320)])  # padded to 320 / already aligned
+@pytest.mark.parametrize("bias", [True, *full(False)])
+def test_loss_and_gradients_match_float64(reduction, smoothing, vocab, bias, device):
+    x, w, b, t = _inputs(37, 24, vocab, torch.float32, device, bias)
+    want, grads = _want(x, w, b, t, reduction=reduction, label_smoothing=smoothing)
+    leaves = [a.clone().requires_grad_() if a is not None else None for a in (x, w, b)]
+    loss = kernels.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2], reduction=reduction,
+                                        label_smoothing=smoothing)
+    loss.backward()
+    assert abs(loss.item() - want.item()) <= TOL[torch.float32] * abs(want.item())
+    for got, ref in zip(leaves, grads):
+        if ref is not None:
+            assert _rel(got.grad, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype, device):
+    x, w, b, t = _inputs(20, 32, 130, dtype, device)
+    want, grads = _want(x, w, b, t)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    loss = kernels.linear_cross_entropy(*leaves[:2], t, leaves[2])
+    loss.backward()
+    assert loss.dtype == dtype
+    assert abs(loss.double().item() - want.item()) <= 2 * TOL[dtype] * abs(want.item())
+    for got, ref in zip(leaves, grads):
+        assert _rel(got.grad, ref) < 4 * TOL[dtype]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 5, 64])
+def test_chunks_give_the_same_result(chunk_rows, device):
+    """The rows go through in chunks: any chunking, the same loss and gradients (to rounding)."""
+    x, w, b, t = _inputs(23, 16, 77, torch.float32, device)
+    want, grads = _want(x, w, b, t)
+    loss, dx, dw, db = lce.triton_fused(x, w, t, b, chunk_rows=chunk_rows, block=32)
+    assert abs(loss.item() - want.item()) <= TOL[torch.float32] * abs(want.item())
+    for got, ref in zip((dx, dw, db), grads):
+        assert _rel(got, ref) < TOL[torch.float32]
+
+
+def test_without_grad_only_the_loss(device):
+    x, w, b, t = _inputs(9, 16, 50, torch.float32, device)
+    with torch.no_grad():
+        loss = kernels.linear_cross_entropy(x, w, t, b)
+    assert abs(loss.item() - _want(x, w, b, t)[0].item()) < 1e-4
+    assert lce.triton_fused(x, w, t, b, with_grad=False)[1:] == (None, None, None)
+
+
+def test_every_target_ignored_is_nan_as_torch(device):
+    x, w, b, t = _inputs(5, 16, 40, torch.float32, device)
+    t[:] = -100
+    assert torch.isnan(kernels.linear_cross_entropy(x, w, t, b))
+    assert torch.isnan(F.cross_entropy(x @ w.t() + b, t))
+
+
+@pytest.mark.parametrize("change, exc, words", [
+    (dict(reduction="none"), ValueError, "reduction must be one of"),
+    (dict(label_smoothing=1.5), ValueError, "label_smoothing"),
+    (dict(target=lambda t: t.clamp(min=0) + 1000), ValueError, "outside"),
+    (dict(target=lambda t: t[:-1]), ValueError, "entries for"),
+    (dict(weight=lambda w: w.t()), ValueError, "as nn.Linear stores it"),
+    (dict(bias=lambda b: b[:-1]), ValueError, "bias must be"),
+    (dict(x=lambda x: x.double()), TypeError, "float64"),
+])
+def test_bad_inputs_raise(change, exc, words, device):
+    x, w, b, t = _inputs(8, 16, 40, torch.float32, device)
+    args = dict(x=x, weight=w, target=t, bias=b, reduction="mean", label_smoothing=0.0)
+    for k, v in change.items():
+        args[k] = v(args[k]) if callable(v) else v
+    with pytest.raises(exc, match=words):
+        kernels.linear_cross_entropy(**args)

@@ -153,6 +153,10 @@ def _cases():
     yield "layer_norm 8x1024", lambda: kernels.layer_norm(s, w, b)
     yield "layer_norm fwd+bwd 8x1024", lambda: torch.autograd.grad(
         kernels.layer_norm(sg, wg, bg), (sg, wg, bg), dy)
+    yield "softmax fwd+bwd 8x1024", lambda: torch.autograd.grad(kernels.softmax(sg), (sg,), dy)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    yield "attention fwd+bwd 1x2x128x64", lambda: torch.autograd.grad(
+        kernels.attention(qg, kg, vg, causal=True), (qg, kg, vg), q)
     yield "softmax_matmul 1x64x64x64", lambda: kernels.softmax_matmul(xs, vs)
     yield "matmul_softmax 64^3", lambda: kernels.matmul_softmax(xm, wm, bm)
     yield "linear_act 64^3 gelu", lambda: kernels.linear_act(xm, wm, bm)

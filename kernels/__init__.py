@@ -1,6 +1,7 @@
 """Triton kernels: one module (or small subpackage) per public op under `families/`, each holding
 `reference`, `triton_unfused` and `triton_fused` side by side with the plan that picks blocks and
-the op itself (a PyTorch custom op, differentiable); shared private pieces beside this file
+the op itself (a PyTorch custom op, differentiable; linear_cross_entropy, new, has no unfused
+Triton version yet: its baseline is the reference); shared private pieces beside this file
 (`_checks`, `_plans`, `_launch`, `_matmul`, `_bmm`, `_stored_softmax`, `_autograd`)."""
 from ._checks import poisoned_outputs
 from .families.add_mul import _add_mul_op, _add_mul_scalar_op, add_mul

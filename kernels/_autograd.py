@@ -13,8 +13,10 @@ Backward ops have no second derivative: differentiating through one raises. Forw
 The public functions (`kernels.softmax` ...) call the Triton implementation directly when nothing
 needs the dispatcher (eager, no input requiring grad, plain tensors or nn.Parameters): a custom
 op's Python dispatch costs tens of microseconds a call, more than a small kernel's launch. Under
-torch.compile, export, fake tensors or autograd they call the registered op (LayerNorm's eager
-autograd excepted: its autograd.Function, the same kernels, costs less).
+torch.compile, export and fake tensors they call the registered op; in eager autograd (an input
+requiring grad) LayerNorm, softmax and attention take an autograd.Function instead: the same
+kernels at less host cost a call, whose backward calls the registered backward op under
+create_graph (so a second derivative still raises).
 """
 from __future__ import annotations
 

@@ -108,3 +108,34 @@ def test_bad_inputs_raise(change, exc, words, device):
         args[k] = v(args[k]) if callable(v) else v
     with pytest.raises(exc, match=words):
         kernels.linear_cross_entropy(**args)
+
+
+def test_a_masked_class_and_a_strided_target(device):
+    """A -inf bias (a class masked out) keeps the loss finite without label smoothing, as in
+    torch; a strided target is read as its values."""
+    x, w, b, t = _inputs(12, 16, 40, torch.float32, device)
+    b[3] = float("-inf")
+    t = torch.where(t == 3, 4, t)
+    t2 = torch.stack([t, t], 1).reshape(-1)[::2]  # strided, the same values
+    want = F.cross_entropy(x @ w.t() + b, t)
+    got = kernels.linear_cross_entropy(x, w, t2, b)
+    assert torch.isfinite(got) and abs(got.item() - want.item()) < 1e-4
+
+
+def test_second_derivative_raises(device):
+    x, w, b, t = _inputs(6, 16, 40, torch.float32, device)
+    x = x.requires_grad_()
+    loss = kernels.linear_cross_entropy(x, w, t, b)
+    with pytest.raises(RuntimeError, match="second derivative"):
+        torch.autograd.grad(loss, x, create_graph=True)
+
+
+def test_float16_gradients_do_not_underflow(device):
+    """The mean's 1/count is applied in float32 after the matmuls: with many tokens, a float16
+    gradient is no more often zero than the float64 one rounded to float16."""
+    x, w, b, t = _inputs(256, 32, 300, torch.float16, device)
+    want, grads = _want(x, w, b, t)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    kernels.linear_cross_entropy(*leaves[:2], t, leaves[2]).backward()
+    for got, ref in zip(leaves, grads):
+        assert (got.grad == 0).sum() <= (ref.half() == 0).sum() + got.grad.numel() // 100

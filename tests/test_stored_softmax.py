@@ -1,5 +1,5 @@
 """The row softmax that the unfused baselines of softmax(X) @ V, attention and matmul + softmax
-store between their matmuls (kernels.stored_softmax)."""
+store between their matmuls (kernels._stored_softmax)."""
 import pytest
 import torch
 

@@ -22,6 +22,8 @@ softmax and the loss in float32) and float32 (matmuls in TF32 where PyTorch allo
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import triton
 import triton.language as tl
@@ -48,12 +50,13 @@ def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
 
 
 @triton.jit
-def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_index, scale,
-                    smoothing, WITH_GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    """One row of logits: its loss, and (WITH_GRAD) their gradient written over them:
-    (softmax - (1 - smoothing) onehot(target) - smoothing / V) * scale; 0 where the target is
-    ignored. Padding columns (>= V) are left as they are: the weight's rows there are zero, so
-    they reach neither dx nor a kept gradient."""
+def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_index, smoothing,
+                    SMOOTH: tl.constexpr, WITH_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of logits: its loss, and (WITH_GRAD) their gradient written over them, unscaled
+    (the mean's 1/count is applied in float32 after the matmuls, so that no small gradient
+    underflows in float16): softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where
+    the target is ignored. Padding columns (>= V) are left as they are: the weight's rows there
+    are zero, so they reach neither dx nor a kept gradient."""
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     target = tl.load(target_ptr + row)
@@ -74,10 +77,12 @@ def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_inde
     lse = row_max + tl.log(sum_exp)
     ignored = target == ignore_index
     z_target = tl.load(base + target, mask=target != ignore_index, other=0.0).to(tl.float32)
-    loss = lse - (1.0 - smoothing) * z_target - smoothing / V * tl.sum(total, 0)
+    loss = lse - (1.0 - smoothing) * z_target
+    if SMOOTH:  # only then: a -inf logit (a masked class) would make 0 * -inf here
+        loss -= smoothing / V * tl.sum(total, 0)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     if WITH_GRAD:
-        row_scale = tl.where(ignored, 0.0, scale)
+        row_scale = tl.where(ignored, 0.0, 1.0)
         for start in tl.range(0, V, BLOCK):
             c = start + cols
             z = tl.load(base + c, mask=c < V, other=0.0).to(tl.float32)
@@ -104,8 +109,7 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing):
                          f"F.cross_entropy on the logits), got {reduction!r}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    if ignore_index.__class__ is not int:
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    operator.index(ignore_index)  # an int (or an integer numpy scalar), else TypeError
 
 
 def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
@@ -123,6 +127,7 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
                         device=weight.device)
         w[:vocab] = weight
     padded = w.shape[0]
+    target = target.contiguous()  # the kernel reads one index per row, adjacent
     kept = target != ignore_index
     if bool((kept & ((target < 0) | (target >= vocab))).any()):  # a host sync, as torch's check
         raise ValueError(f"target holds class indices outside [0, {vocab}) that are not "
@@ -144,18 +149,19 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
         if bias is not None:
             logits[:, :vocab] += bias
         launch(_ce_rows_kernel, (logits.shape[0],), logits, target[rows], losses[rows], vocab,
-               logits.stride(0), ignore_index, scale, float(label_smoothing),
-               WITH_GRAD=with_grad, BLOCK=min(block, max(16, next_pow2(vocab))))
+               logits.stride(0), int(ignore_index), float(label_smoothing),
+               SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad,
+               BLOCK=min(block, max(16, next_pow2(vocab))))
         if with_grad:
-            dx[rows] = logits @ w
+            dx[rows] = (logits @ w).float().mul_(scale)
             dw += (logits.t() @ xc).float()
             if db is not None:
                 db += logits[:, :vocab].float().sum(0)
     loss = (losses.sum() * scale).to(x.dtype)
     if not with_grad:
         return loss, None, None, None
-    return (loss, dx, dw[:vocab].to(weight.dtype),
-            None if db is None else db.to(bias.dtype))
+    return (loss, dx, dw[:vocab].mul_(scale).to(weight.dtype),
+            None if db is None else db.mul_(scale).to(bias.dtype))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -175,7 +181,7 @@ def _linear_cross_entropy_op(x: torch.Tensor, weight: torch.Tensor, target: torc
 @_linear_cross_entropy_op.register_fake
 def _(x, weight, target, bias, ignore_index, reduction, label_smoothing):
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing)
-    return (x.new_empty(()), torch.empty_like(x), torch.empty_like(weight),
+    return (x.new_empty(()), torch.empty_like(x), weight.new_empty(weight.shape),
             bias.new_empty(bias.shape) if bias is not None else x.new_empty(0))
 
 
@@ -186,6 +192,9 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, dloss, _dx, _dw, _db):
+    if torch.is_grad_enabled():  # create_graph=True: the saved gradients have no derivative
+        raise RuntimeError("linear_cross_entropy: the second derivative is not implemented (its "
+                           "gradients are made in the forward); use the PyTorch reference")
     dx, dw, db = ctx.saved_tensors
     g = dloss.to(dx.dtype)
     return (dx * g, dw * g, None, db * g if ctx.has_bias else None, None, None, None)

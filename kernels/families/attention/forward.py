@@ -254,7 +254,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
 
     Few queries per key/value head (seq_q * heads / kv_heads <= 16: decoding with a KV cache)
     and no launch parameter given: the keys are split across programs instead
-    (kernels.flash_decoding), so that one query per head still fills the GPU.
+    (`decoding`), so that one query per head still fills the GPU.
     """
     sm_scale, key = _check_inputs(q, k, v, causal, sm_scale, with_key=True)
     return_lse = bool(return_lse)

@@ -210,7 +210,7 @@ class _LayerNorm(torch.autograd.Function):
         need_db = bias is not None and ctx.needs_input_grad[2]
         if torch.is_grad_enabled():
             # create_graph=True: the registered backward op keeps the gradients connected to
-            # their inputs, so a second derivative through them raises (see kernels.ops)
+            # their inputs, so a second derivative through them raises (_no_double_backward)
             # instead of being pruned from the graph and silently missing.
             dx, dw, db = torch.ops.triton_fusion.layer_norm_backward(
                 dy.contiguous(), x, weight, bias, stats, need_dw, need_db)

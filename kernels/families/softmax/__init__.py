@@ -1,8 +1,11 @@
-"""softmax(x) over the last dim: the public op (a PyTorch custom op with its fused backward),
+"""softmax(x, dim): the public function (any dim; the registered custom op and the kernels
+work over the last dim, with a fused backward),
 and the family's implementations side by side: `forward` (reference, triton_unfused,
 triton_fused and the plan that picks the path: one pass, online, split or co-operative rows) and
 `backward` (the same for dx = y * (dy - sum(y * dy)))."""
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -82,8 +85,10 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     rows whose elements are adjacent: over another dim, or where the rows cannot be viewed in
     place (a non-contiguous last dim, leading dims that do not merge), x is first copied into
     that layout (one more read and write of x, as a transpose costs)."""
+    if dim.__class__ is not int:
+        dim = operator.index(dim)  # an integer (numpy's, a SymInt) or TypeError, as torch
     if dim != -1 and isinstance(x, torch.Tensor) and x.ndim:
-        if dim.__class__ is not int or not -x.ndim <= dim < x.ndim:
+        if not -x.ndim <= dim < x.ndim:
             raise ValueError(f"dim must be an int in [{-x.ndim}, {x.ndim}), got {dim!r}")
         if dim % x.ndim != x.ndim - 1:
             return softmax(x.movedim(dim, -1), -1).movedim(-1, dim)

@@ -111,7 +111,7 @@ def _without(tmp: Path, seed: int, how: str) -> Path:
     rng = np.random.default_rng(seed)
     for path in REFERENCE.iterdir():
         shutil.copy(path, tmp / path.name)
-    families = list(FAMILY_SHAPES)
+    families = [f for f in FAMILY_SHAPES if (REFERENCE / f"{f}.parquet").exists()]
     if how == "families":
         for family in rng.choice(families, size=rng.integers(1, len(families)), replace=False):
             (tmp / f"{family}.parquet").unlink()
@@ -202,3 +202,25 @@ def test_host_cost_keeps_second_cases_apart(tmp_path):
     assert lc["host"]["public"].to_dict() == {"layer_norm": 30.0, "attention": 24.0}
     assert lc["floor_10"] == 20.0
     assert "1 of 1 ops" in across.launch_say(lc)
+
+
+def test_lm_head_section_only_where_its_rows_are(tmp_path):
+    """The matmul chapter's LM head section: absent on the references (which predate the family),
+    present with its table and sentence on a GPU run that has the rows."""
+    from triton_fusion_report.analysis.book import lm_head
+
+    assert lm_head.compute([REFERENCE])["say"]["section"] == ""
+    impls = ["torch_eager", "torch_compile", "liger", "triton_fused"]
+    rows = pd.DataFrame(dict(
+        family="linear_cross_entropy", op="linear_cross_entropy_fwd_bwd", impl=impls,
+        dtype="bfloat16", precision="bfloat16", tokens=8192, hidden=768, vocab=50257,
+        status="ok", sweep="size", gpu="NVIDIA H100 80GB HBM3", run_id="r",
+        ms_median=[22.2, 4.5, 26.9, 3.9], peak_mib=[4626.0, 860.0, 12.0, 300.0]))
+    rows.to_parquet(tmp_path / "linear_cross_entropy.parquet")
+    c = lm_head.compute([tmp_path])
+    section = c["say"]["section"]
+    assert section.startswith("## The LM head and its loss")
+    assert "ours takes 3.90 ms, torch.compile 4.50 ms (1.15× ours)" in section
+    assert "300 MiB against torch.compile's 860" in section
+    assert list(c["table"].columns)[1:] == ["PyTorch eager", "torch.compile", "Liger-Kernel",
+                                            "Triton fused"]

@@ -121,8 +121,11 @@ def problems(run: Path) -> list[str]:
     out = [f"{run}: {w}" for w in bench_problems(rec)]
     r = rec.sort_values("started_at").iloc[-1]
     ids = set(rec["run_id"].astype(str))
+    # Every family the bench swept (its record's list; a bench from before a family joined the
+    # grid does not have it).
+    listed = set(str(r.get("families") or "").split(",")) - {""}
     for family in FAMILIES:
-        if not (run / f"{family}.parquet").exists():
+        if (not listed or family in listed) and not (run / f"{family}.parquet").exists():
             out.append(f"{family}.parquet is missing")
     sweep_files = {f"{family}.parquet" for family in FAMILIES} | {"limits.parquet"}
     for path in sorted(run.glob("*.parquet")):

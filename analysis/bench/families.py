@@ -21,6 +21,7 @@ FAMILIES = {
     "attention": attention.all_attention_problems,
     "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
     "linear_act": matmul_epilogue.linear_act_problems,
+    "linear_cross_entropy": matmul_epilogue.linear_cross_entropy_problems,
 }
 
 

@@ -32,6 +32,7 @@ FAMILY_KERNELS = {
     "elementwise": "add_mul", "softmax": "softmax", "layernorm": "layer_norm",
     "softmax_matmul": "softmax_matmul", "attention": "attention",
     "matmul_softmax": "matmul_softmax", "linear_act": "linear_act",
+    "linear_cross_entropy": "linear_cross_entropy",
 }
 LIMIT_REP_MS = 100  # timed repetitions of each limit (one trial)
 # HBM bandwidth on the vendor's datasheet (GB/s), by the name torch reports: a ceiling no

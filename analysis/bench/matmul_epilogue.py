@@ -13,6 +13,7 @@ from ...kernels.families.matmul_softmax.plan import MAX_SIMPLE_C, MAX_TILED_C
 from ...kernels._checks import sm_count_of
 
 from ..model import traffic
+from . import peers
 from .sweep import Problem, Variant, compiled_variants, tf32
 
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
@@ -191,4 +192,74 @@ def linear_act_problems(grid: str = "full") -> list[Problem]:
             make_inputs=functools.partial(_linear_inputs, M, K, N, dtype), reference=ref,
             bytes_model=nbytes("triton_fused"), flops_model=2 * M * N * K,
             tolerance=TOLERANCE[precision], variants=variants))
+    return out
+
+
+# --- linear + cross-entropy: the LM head and its loss, forward and backward -------------------
+
+LCE_GRIDS = {
+    # (tokens, hidden, vocabulary): GPT-2 small's head (a vocabulary no power of two), a
+    # Llama-3-sized one, and one between.
+    "full": [(8192, 768, 50257), (4096, 4096, 128256), (16384, 2048, 32000)],
+    "book": [(8192, 768, 50257), (4096, 4096, 128256)],
+    "smoke": [(40, 24, 301)],
+}
+LCE_DTYPE = torch.bfloat16
+
+
+def _lce_inputs(N, H, V, dtype, device):
+    """x (N, H), weight (V, H) as nn.Linear stores it, bias (V,), targets with a tenth ignored."""
+    x = torch.randn(N, H, device=device, dtype=dtype)
+    w = torch.randn(V, H, device=device, dtype=dtype) * H**-0.5
+    b = 0.1 * torch.randn(V, device=device, dtype=dtype)
+    t = torch.randint(0, V, (N,), device=device)
+    t[torch.rand(N, device=device) < 0.1] = -100
+    return x, w, b, t
+
+
+def _lce_eager(x, w, b, t):
+    """As a model computes it in PyTorch: F.linear, then F.cross_entropy on float32 logits."""
+    return F.cross_entropy(F.linear(x, w, b).float(), t)
+
+
+def _lce_grads(loss_fn):
+    """(x, w, b, t) -> (loss, dx, dw, db): the loss and its gradients, as a training step."""
+    def call(x, w, b, t):
+        leaves = [a.detach().requires_grad_() for a in (x, w, b)]
+        loss = loss_fn(*leaves, t)
+        return (loss.detach(), *torch.autograd.grad(loss, leaves))
+    return call
+
+
+def _lce_reference(x, w, b, t):
+    """float64 (the sweep's reference inputs): the loss and the gradients."""
+    return _lce_grads(lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t))(x, w, b, t)
+
+
+def linear_cross_entropy_problems(grid: str = "full") -> list[Problem]:
+    from ...kernels.families import linear_cross_entropy as lce
+
+    out = []
+    for N, H, V in LCE_GRIDS[grid]:
+        s = torch.empty((), dtype=LCE_DTYPE).element_size()
+        chunk_rows = max(1, min(N, lce.CHUNK_BYTES // (-(-V // 64) * 64 * s)))
+
+        def nbytes(impl, N=N, H=H, V=V, chunks=-(-N // chunk_rows)):
+            return traffic.total(traffic.linear_cross_entropy_kernels(N, H, V, s, impl, chunks))
+        variants = [
+            Variant("torch_eager", _lce_grads(_lce_eager), bytes_impl=nbytes("torch_eager")),
+            Variant("triton_fused",
+                    _lce_grads(lambda x, w, b, t: lce.linear_cross_entropy(x, w, t, b)),
+                    variant=f"chunks of {chunk_rows} rows", bytes_impl=nbytes("triton_fused")),
+            *compiled_variants(_lce_eager, nbytes("torch_compile"), wrap=_lce_grads),
+            peers._variant("liger", _lce_grads(peers.liger_linear_cross_entropy),
+                           nbytes("liger")),
+        ]
+        out.append(Problem(
+            family="linear_cross_entropy", op="linear_cross_entropy_fwd_bwd", dtype=LCE_DTYPE,
+            precision=_name(LCE_DTYPE), shape=dict(tokens=N, hidden=H, vocab=V),
+            make_inputs=functools.partial(_lce_inputs, N, H, V, LCE_DTYPE),
+            reference=_lce_reference, bytes_model=nbytes("triton_fused"),
+            flops_model=traffic.linear_cross_entropy_flops(N, H, V),
+            tolerance=4 * TOLERANCE["bfloat16"], variants=variants, graph=False))
     return out

@@ -161,6 +161,14 @@ def flag_gems_attention(q, k, v, causal=False):
                                                 enable_gqa=q.shape[1] != k.shape[1])[0]
 
 
+def liger_linear_cross_entropy(x, w, b, t):
+    """Liger-Kernel's fused linear cross-entropy (its chunked LM head + loss)."""
+    _need("liger")
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy(x, w, t, b)
+
+
 def attention_variants(causal: bool, bytes_impl) -> list[Variant]:
     return [_variant("flag_gems", functools.partial(flag_gems_attention, causal=causal),
                      bytes_impl)]

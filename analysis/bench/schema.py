@@ -73,6 +73,7 @@ FAMILY_SHAPES = {
     # x (m, k) @ weight (k, n): for matmul_softmax m is the batch B and n the classes C.
     "matmul_softmax": {"m": I, "k": I, "n": I},
     "linear_act": {"m": I, "k": I, "n": I, "activation": S},
+    "linear_cross_entropy": {"tokens": I, "hidden": I, "vocab": I},
 }
 # Shape columns added to a family after rows were committed without them, and the value those
 # rows had: the softmax family was forward only until its backward joined it.

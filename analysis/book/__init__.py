@@ -34,7 +34,7 @@ class Chapter(dict):
 def _fingerprint(name: str, folders: list[Path]) -> str:
     h = hashlib.sha256(name.encode())
     # Every source a chapter may read: the book, the bench's constants, the kernels' hashes.
-    for src in sorted(data.ROOT.glob("analysis/**/*.py")) + sorted(data.ROOT.glob("kernels/*.py")):
+    for src in sorted(data.ROOT.glob("analysis/**/*.py")) + sorted(data.ROOT.glob("kernels/**/*.py")):
         h.update(src.read_bytes())
     for folder in folders:
         h.update(str(folder.resolve()).encode())

@@ -239,3 +239,29 @@ def linear_act_kernels(M, K, N, itemsize, impl) -> list[Kernel]:
     if impl in UNFUSED_IMPLS:
         return [Kernel("h = x @ W + b", x + w + b, o, mm), Kernel("act(h)", o, o)]
     return [Kernel("act(x @ W + b)", x + w + b, o, mm)]
+
+
+def linear_cross_entropy_kernels(N, H, V, itemsize, impl, chunks: int = 1) -> list[Kernel]:
+    """The LM head and its loss, forward and backward, over N tokens, hidden size H and a
+    vocabulary of V: the logits' matmul, the loss and the logits' gradient, and the two gradient
+    matmuls (dx = G W, dW = G^T x). Unfused (eager, compile): the logits and their gradient make
+    round trips through memory (the loss reads the logits, the backward writes G and both
+    matmuls read it). Fused (triton_fused, Liger's): per chunk of rows the same traffic on a
+    chunk-sized buffer, the weight read again by each chunk's three matmuls."""
+    x, w, logits = N * H * itemsize, V * H * itemsize, N * V * itemsize
+    mm = 2 * N * H * V
+    if impl in ("triton_fused", "liger"):
+        return [Kernel("logits = x W^T (per chunk)", x + chunks * w, logits, mm),
+                Kernel("loss; G over the logits", logits, logits),
+                Kernel("dx = G W (per chunk)", logits + chunks * w, x, mm),
+                Kernel("dW += G^T x (per chunk)", logits + x + chunks * 4 * V * H, 4 * V * H, mm)]
+    return [Kernel("logits = x W^T", x + w, logits, mm),
+            Kernel("loss (log-softmax)", logits, 4 * N),
+            Kernel("G = softmax - onehot", logits, logits),
+            Kernel("dx = G W", logits + w, x, mm),
+            Kernel("dW = G^T x", logits + x, w, mm)]
+
+
+def linear_cross_entropy_flops(N, H, V) -> float:
+    """The three matmuls: 6 N H V."""
+    return 6 * N * H * V

@@ -125,7 +125,7 @@ def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
     strides), head dims not a multiple of 8 without the host's padding. The first call and the
     steady path after it agree with float64, with and without the log-sum-exp."""
     monkeypatch.setattr(at, "TMA_FROM_FLOPS", 2**40)
-    for cache in ("_PLANS", "_STEADY", "_CHECKED"):
+    for cache in ("_PLANS", "_TUNED_PLANS", "_CHECKED"):
         monkeypatch.setattr(at, cache, {})
     if layout == "qkv_views":
         q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
@@ -143,7 +143,7 @@ def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
         assert rel_err(out, want) <= FUSED_TOL[q.dtype]
         out = at.triton_fused(q, k, v, causal)
         assert out.is_contiguous() and rel_err(out, want) <= FUSED_TOL[q.dtype]
-    assert len(at._STEADY) == 2
+    assert len(at._TUNED_PLANS) == 2
     scores = (q.double() @ k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
               .transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if causal:
@@ -171,7 +171,7 @@ def test_tuned_launch(causal, device, monkeypatch):
     monkeypatch.setattr(at, "_bench", one_run)
     monkeypatch.setattr(at, "_TUNED", {})
     monkeypatch.setattr(at, "_PLANS", {})  # plans made under the interpreter use fixed configs
-    monkeypatch.setattr(at, "_STEADY", {})
+    monkeypatch.setattr(at, "_TUNED_PLANS", {})
     q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
     out = kernels.attention(q, k, v, causal=causal)
     # seq 100 prunes the 128-row configs: two 64-row ones are left, timed in rounds
@@ -532,7 +532,7 @@ def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
 
     monkeypatch.setattr(_checks, "NO_TMA", no_tma)
     monkeypatch.setattr(at, "_PLANS", {})
-    monkeypatch.setattr(at, "_STEADY", {})
+    monkeypatch.setattr(at, "_TUNED_PLANS", {})
     q, k, v = qkv((1, 4, 40, 16), torch.float16, device)
     k, v = k[:, :2, :].contiguous(), v[:, :2, :].contiguous()
     q[..., 0] = 1.0
@@ -594,7 +594,7 @@ def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
         return 0.5 if len(ws_runs) > before else 1.0
 
     for name, value in (("interpreting", lambda: False), ("_bench", ws_fastest), ("_TUNED", {}),
-                        ("_PLANS", {}), ("_STEADY", {}), ("_launch_ws", counted),
+                        ("_PLANS", {}), ("_TUNED_PLANS", {}), ("_launch_ws", counted),
                         ("_ws_applies", lambda q, k, v, causal, strided: not causal)):
         monkeypatch.setattr(at, name, value)
     q, k, v = qkv((1, 2, 128, 128), torch.float16, device)
@@ -603,4 +603,4 @@ def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
     assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
     assert rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
     out2 = kernels.attention(q, k * 0.5, v)  # the steady path, same layout
-    assert len(at._STEADY) == 1 and rel_err(out2, ref64(q, k * 0.5, v)) <= FUSED_TOL[torch.float16]
+    assert len(at._TUNED_PLANS) == 1 and rel_err(out2, ref64(q, k * 0.5, v)) <= FUSED_TOL[torch.float16]

@@ -132,7 +132,7 @@ def test_cached_and_uncached_paths_agree(device, fast_launch, monkeypatch):
         lambda: fa.triton_fused(q, k, v, return_lse=True)[1],
     ]
     caches = [ew._PLANS, sm._PLANS, ln._PLANS, sv._PLANS, la._PLANS, sr._PLANS, fa._PLANS,
-              fa._STEADY]
+              fa._TUNED_PLANS]
     for case in cases:
         for cache in caches:
             cache.clear()

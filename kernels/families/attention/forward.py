@@ -262,9 +262,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     if key is not None and (options == _NO_OPTIONS
                             or all(o is None or o.__class__ is int for o in options)):
         key = key + options + (return_lse,)
-        steady = _STEADY.get(key)
-        if steady is not None:
-            return steady(q, k, v, sm_scale)
+        tuned = _TUNED_PLANS.get(key)
+        if tuned is not None:
+            return tuned(q, k, v, sm_scale)
     else:
         key = None  # (an option of another type is checked, and refused, every call)
     plan = cached(_PLANS, key, _plan, q, k, v, causal, sm_scale, options, return_lse)
@@ -321,9 +321,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
                                                            plan.ws)
     run(cfg)
     if key is not None:
-        if len(_STEADY) >= STEADY_MAX_ENTRIES:
-            _STEADY.clear()
-        _STEADY[key] = _Steady(plan, cfg, q, k, v, return_lse)
+        if len(_TUNED_PLANS) >= TUNED_PLANS_MAX:
+            _TUNED_PLANS.clear()
+        _TUNED_PLANS[key] = _TunedPlan(plan, cfg, q, k, v, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -346,11 +346,12 @@ def _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts):
            **kwargs)
 
 
-class _Steady:
-    """triton_fused for one layout once its config is known (planned, tuned): what the general
-    path works out each call (grid, launch keywords, descriptor shapes, strides and blocks) is
-    worked out once, so that a call only allocates, makes three descriptors (none on the plain
-    path) and launches. The same kernel and arguments as the general path."""
+class _TunedPlan:
+    """The plan of one layout once its config is tuned: what the general path works out each
+    call (grid, launch keywords, descriptor shapes, strides and blocks), worked out once and kept
+    in a plan cache as every family's plans are, so that a call only allocates, makes three
+    descriptors (none on the plain path) and calls `launch` (the one launcher and its one cache
+    of compiled kernels). The same kernel and arguments as the general path."""
 
     __slots__ = ("kernel", "grid", "kwargs", "blocks", "specs", "lse_shape", "ints", "ws")
 
@@ -403,10 +404,10 @@ class _Steady:
 
 _NO_OPTIONS = (None, None, None, None)
 
-# Steady-state launchers by triton_fused's key (layout, causal, scale, options, return_lse);
-# emptied with the plan caches, and when full.
-_STEADY = plan_cache()
-STEADY_MAX_ENTRIES = 1024
+# Tuned plans by triton_fused's key (layout, causal, scale, options, return_lse); a plan cache,
+# emptied with the others, and when full.
+_TUNED_PLANS = plan_cache()
+TUNED_PLANS_MAX = 1024
 
 
 class _Plan(NamedTuple):

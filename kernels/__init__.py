@@ -7,7 +7,7 @@ from ._checks import poisoned_outputs
 from .families.add_mul import _add_mul_op, _add_mul_scalar_op, add_mul
 from .families.attention import _attention_backward_op, _attention_op, attention
 from .families.layer_norm import _layer_norm_backward_op, _layer_norm_op, layer_norm
-from .families.linear_act import _linear_act_op, linear_act
+from .families.linear_act import _linear_act_backward_op, _linear_act_op, linear_act
 from .families.linear_cross_entropy import _linear_cross_entropy_op, linear_cross_entropy
 from .families.matmul_softmax import _matmul_softmax_op, matmul_softmax
 from .families.softmax import _softmax_backward_op, _softmax_op, softmax
@@ -19,6 +19,7 @@ OPS = {"add_mul": _add_mul_op, "add_mul_scalar": _add_mul_scalar_op, "softmax": 
        "layer_norm_backward": _layer_norm_backward_op, "softmax_matmul": _softmax_matmul_op,
        "attention": _attention_op, "attention_backward": _attention_backward_op,
        "matmul_softmax": _matmul_softmax_op, "linear_act": _linear_act_op,
+       "linear_act_backward": _linear_act_backward_op,
        "linear_cross_entropy": _linear_cross_entropy_op}
 
 __all__ = [

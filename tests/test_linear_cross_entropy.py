@@ -139,3 +139,14 @@ def test_float16_gradients_do_not_underflow(device):
     kernels.linear_cross_entropy(*leaves[:2], t, leaves[2]).backward()
     for got, ref in zip(leaves, grads):
         assert (got.grad == 0).sum() <= (ref.half() == 0).sum() + got.grad.numel() // 100
+
+
+def test_an_incoming_gradient_scales_the_gradients(device):
+    """The gradients made in the forward are returned as they are for a loss's gradient of 1 and
+    scaled by any other (a loss scaled for float16 training, a weighted sum of losses)."""
+    x, w, b, t = _inputs(11, 16, 40, torch.float32, device)
+    _, grads = _want(x, w, b, t)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    (2.5 * kernels.linear_cross_entropy(*leaves[:2], t, leaves[2])).backward()
+    for got, ref in zip(leaves, grads):
+        assert _rel(got.grad, 2.5 * ref) < TOL[torch.float32]

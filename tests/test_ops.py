@@ -42,7 +42,8 @@ CASES = {c[0]: c for c in _cases()}
 
 
 def test_every_op_is_checked():
-    assert set(CASES) | {"layer_norm_backward", "attention_backward"} == set(ops.OPS)
+    assert set(CASES) | {"layer_norm_backward", "attention_backward", "linear_act_backward"} \
+        == set(ops.OPS)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -64,6 +65,12 @@ def test_opcheck_layer_norm_backward(need_dw, need_db):
     _, stats = ops.OPS["layer_norm"](x, w, b, 1e-5)
     torch.library.opcheck(ops.OPS["layer_norm_backward"],
                           (_r(3, 40), x, w, b, stats, need_dw, need_db))
+
+
+@pytest.mark.parametrize("need", [(True, True, True), (False, True, False)])
+def test_opcheck_linear_act_backward(need):
+    x, w, b = _r(12, 16), _r(16, 24), _r(24)
+    torch.library.opcheck(ops.OPS["linear_act_backward"], (_r(12, 24), x, w, b, "gelu", *need))
 
 
 def test_opcheck_attention_backward():

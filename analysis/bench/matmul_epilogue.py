@@ -242,7 +242,7 @@ def linear_cross_entropy_problems(grid: str = "full") -> list[Problem]:
     out = []
     for N, H, V in LCE_GRIDS[grid]:
         s = torch.empty((), dtype=LCE_DTYPE).element_size()
-        chunk_rows = max(1, min(N, lce.CHUNK_BYTES // (-(-V // 64) * 64 * s)))
+        chunk_rows = lce.default_chunk_rows(N, V, s)
 
         def nbytes(impl, N=N, H=H, V=V, chunks=-(-N // chunk_rows)):
             return traffic.total(traffic.linear_cross_entropy_kernels(N, H, V, s, impl, chunks))

@@ -247,14 +247,15 @@ def linear_cross_entropy_kernels(N, H, V, itemsize, impl, chunks: int = 1) -> li
     matmuls (dx = G W, dW = G^T x). Unfused (eager, compile): the logits and their gradient make
     round trips through memory (the loss reads the logits, the backward writes G and both
     matmuls read it). Fused (triton_fused, Liger's): per chunk of rows the same traffic on a
-    chunk-sized buffer, the weight read again by each chunk's three matmuls."""
+    chunk-sized buffer, the weight read again by each chunk's three matmuls and dW read and
+    written once per chunk (accumulated in the weight's dtype)."""
     x, w, logits = N * H * itemsize, V * H * itemsize, N * V * itemsize
     mm = 2 * N * H * V
     if impl in ("triton_fused", "liger"):
         return [Kernel("logits = x W^T (per chunk)", x + chunks * w, logits, mm),
                 Kernel("loss; G over the logits", logits, logits),
                 Kernel("dx = G W (per chunk)", logits + chunks * w, x, mm),
-                Kernel("dW += G^T x (per chunk)", logits + x + chunks * 4 * V * H, 4 * V * H, mm)]
+                Kernel("dW += G^T x (per chunk)", logits + x + chunks * w, chunks * w, mm)]
     return [Kernel("logits = x W^T", x + w, logits, mm),
             Kernel("loss (log-softmax)", logits, 4 * N),
             Kernel("G = softmax - onehot", logits, logits),

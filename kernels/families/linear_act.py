@@ -8,10 +8,10 @@ such rows tf32), "ieee" on request.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from .._checks import cdiv, check_pow2, default_warps, empty
 from .._plans import cached, layout_key, plan_cache
@@ -124,34 +124,63 @@ def _linear_act_setup(ctx, inputs, output):
     ctx.activation = activation
 
 
-def _activation_grad(h, activation):
-    """d act(h) / dh, float32."""
-    if activation == "none":
-        return torch.ones_like(h)
-    if activation == "relu":
-        return (h > 0).to(h.dtype)
-    if activation == "gelu":
-        return 0.5 * (1 + torch.erf(h / math.sqrt(2))) + h * torch.exp(-0.5 * h * h) / math.sqrt(
-            2 * math.pi)
-    # gelu_tanh: 0.5 h (1 + tanh(u)), u = sqrt(2/pi) (h + 0.044715 h^3)
-    c = math.sqrt(2 / math.pi)
-    t = torch.tanh(c * (h + 0.044715 * h ** 3))
-    return 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * c * (1 + 3 * 0.044715 * h * h)
+@triton.jit
+def _activation_grad_kernel(h_ptr, dy_ptr, dh_ptr, n, ACTIVATION: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """dh = dy * act'(h), flat and contiguous, math in float32."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = tl.load(h_ptr + offs, mask=mask).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
+    if ACTIVATION == "relu":
+        d = tl.where(h > 0, 1.0, 0.0)
+    elif ACTIVATION == "gelu":  # Phi(h) + h phi(h)
+        d = 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * tl.exp(-0.5 * h * h) * \
+            0.3989422804014327
+    elif ACTIVATION == "gelu_tanh":  # 0.5 (1 + t) + 0.5 h (1 - t^2) u', t = tanh(u)
+        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        t = 2.0 * tl.sigmoid(2.0 * u) - 1.0
+        d = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * 0.7978845608028654 * (
+            1.0 + 0.134145 * h * h)
+    else:
+        d = tl.full([BLOCK], 1.0, tl.float32)
+    tl.store(dh_ptr + offs, (dy * d).to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+@torch.library.custom_op(f"{NS}::linear_act_backward", mutates_args=())
+def _linear_act_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None, activation: str, need_dx: bool,
+                            need_dw: bool, need_db: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h = x W + b recomputed by cuBLAS in the input dtype (as eager would have stored it);
+    dh = dy * act'(h) in one Triton pass; dx = dh W^T, dW = x^T dh, db = sum dh (cuBLAS). A
+    gradient not needed is an empty tensor (a custom op's outputs cannot be None)."""
+    h = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
+    dy = dy.contiguous()
+    dh = torch.empty_like(h)
+    block = 1024
+    launch(_activation_grad_kernel, (cdiv(h.numel(), block),), h, dy, dh, h.numel(),
+           ACTIVATION=activation, BLOCK=block)
+    none = x.new_empty((0,))
+    return (dh @ weight.t() if need_dx else none, x.t() @ dh if need_dw else none.clone(),
+            dh.sum(0, dtype=torch.float32).to(bias.dtype) if need_db else none.clone())
+
+
+@_linear_act_backward_op.register_fake
+def _(dy, x, weight, bias, activation, need_dx, need_dw, need_db):
+    none = x.new_empty((0,))
+    return (x.new_empty(x.shape) if need_dx else none,
+            weight.new_empty(weight.shape) if need_dw else none.clone(),
+            bias.new_empty(bias.shape) if need_db else none.clone())
 
 
 def _linear_act_backward(ctx, dy):
-    """h = x W + b recomputed in float32; dh = dy * act'(h); dx = dh W^T, dW = x^T dh,
-    db = sum dh."""
     x, weight, bias = ctx.saved_tensors
-    xf, wf = x.float(), weight.float()
-    h = xf @ wf
-    if bias is not None:
-        h = h + bias.float()
-    dh = dy.float() * _activation_grad(h, ctx.activation)
-    dx = (dh @ wf.t()).to(x.dtype) if ctx.needs_input_grad[0] else None
-    dw = (xf.t() @ dh).to(weight.dtype) if ctx.needs_input_grad[1] else None
-    db = dh.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
-    return dx, dw, db, None
+    need = ctx.needs_input_grad
+    dx, dw, db = _linear_act_backward_op(dy, x, weight, bias, ctx.activation, need[0], need[1],
+                                         bias is not None and need[2])
+    return (dx if need[0] else None, dw if need[1] else None,
+            db if bias is not None and need[2] else None, None)
 
 
 _linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act_setup)
@@ -159,7 +188,8 @@ _linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act
 
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
                activation: str = "gelu") -> torch.Tensor:
-    """act(x @ weight + bias) in one fused Triton matmul; differentiable (backward in PyTorch ops).
+    """act(x @ weight + bias) in one fused Triton matmul; differentiable (the backward recomputes
+    the pre-activation with cuBLAS, one Triton pass makes its gradient, cuBLAS the two products).
 
     x (M, K), weight (K, N) -- x @ weight, not F.linear's (N, K): pass `linear.weight.t()` --,
     bias (N,) or None; activation "relu", "gelu" (exact erf), "gelu_tanh" or "none". One dtype for

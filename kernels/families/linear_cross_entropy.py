@@ -12,9 +12,11 @@ backward only scales them by the incoming gradient. Memory: one chunk of logits,
 token count. Three matmuls (the logits and the two gradient products) are the floor; the row
 kernel reads and writes each chunk's logits once more.
 
-A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path: the
-weight is padded with zero rows to a multiple of 64 (a copy of the weight per call), and the
-kernel masks the padded columns out of the softmax and writes them a zero gradient.
+A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path when
+the logits' rows are that wide: they are written into a buffer whose rows are padded to a
+multiple of 64 (no copy of the weight); the kernel reads the first `vocabulary` columns. dweight
+accumulates over the chunks in the weight's dtype (cuBLAS adds in float32 and rounds once per
+chunk, as Liger does); the mean's 1/count is the matmuls' alpha, applied in float32.
 
 Reductions "mean" (over the targets that are not `ignore_index`, as torch) and "sum"; label
 smoothing as torch's. float16, bfloat16 (logits in the input dtype, as cuBLAS writes them; the
@@ -26,6 +28,7 @@ import operator
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
 from .._autograd import NS, _direct
@@ -55,8 +58,8 @@ def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_inde
     """One row of logits: its loss, and (WITH_GRAD) their gradient written over them, unscaled
     (the mean's 1/count is applied in float32 after the matmuls, so that no small gradient
     underflows in float16): softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where
-    the target is ignored. Padding columns (>= V) are left as they are: the weight's rows there
-    are zero, so they reach neither dx nor a kept gradient."""
+    the target is ignored. Only the first V columns are read or written.
+    """
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     target = tl.load(target_ptr + row)
@@ -90,6 +93,16 @@ def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_inde
             tl.store(base + c, g.to(logits_ptr.dtype.element_ty), mask=c < V)
 
 
+def padded_width(vocab: int) -> int:
+    """The logits buffer's row length: the vocabulary, padded to PAD_TO unless a multiple of 8."""
+    return vocab if vocab % 8 == 0 else -(-vocab // PAD_TO) * PAD_TO
+
+
+def default_chunk_rows(n: int, vocab: int, itemsize: int) -> int:
+    """Rows per chunk: as many as CHUNK_BYTES of logits hold."""
+    return max(1, min(n, CHUNK_BYTES // (padded_width(vocab) * itemsize)))
+
+
 def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing):
     check_tensor("x", x, ndim=2)
     check_tensor("weight", weight, ndim=2)
@@ -121,47 +134,49 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     check_pow2("block", block)
     n, hidden = x.shape
     vocab = weight.shape[0]
-    w = weight
-    if vocab % 8:  # cuBLAS's fast path needs aligned rows of the logits: pad the vocabulary
-        w = torch.zeros((-(-vocab // PAD_TO) * PAD_TO, hidden), dtype=weight.dtype,
-                        device=weight.device)
-        w[:vocab] = weight
-    padded = w.shape[0]
+    # cuBLAS's fast path needs the logits' rows aligned: they live in a buffer whose rows are
+    # padded to a multiple of PAD_TO where the vocabulary is not a multiple of 8.
+    padded = padded_width(vocab)
     target = target.contiguous()  # the kernel reads one index per row, adjacent
     kept = target != ignore_index
-    if bool((kept & ((target < 0) | (target >= vocab))).any()):  # a host sync, as torch's check
+    bad, count = torch.stack([(kept & ((target < 0) | (target >= vocab))).sum(),
+                              kept.sum()]).tolist()  # one host sync, as torch's own check
+    if bad:
         raise ValueError(f"target holds class indices outside [0, {vocab}) that are not "
                          f"ignore_index ({ignore_index})")
-    # The mean over the targets kept (none kept: nan, as torch); a number for the kernel.
-    scale = 1.0 / float(kept.sum()) if reduction == "mean" and bool(kept.any()) else (
-        float("nan") if reduction == "mean" else 1.0)
+    # The mean over the targets kept (none kept: nan, as torch); a number for the matmuls.
+    scale = (1.0 / count if count else float("nan")) if reduction == "mean" else 1.0
     if chunk_rows is None:
-        chunk_rows = max(1, min(n, CHUNK_BYTES // (padded * x.element_size())))
+        chunk_rows = default_chunk_rows(n, vocab, x.element_size())
+    buffer = torch.empty((min(n, chunk_rows), padded), dtype=x.dtype, device=x.device)
     losses = empty((n,), torch.float32, x.device)
     dx = torch.empty_like(x) if with_grad else None
-    dw = torch.zeros((padded, hidden), dtype=torch.float32, device=x.device) if with_grad else None
+    # dweight accumulates over the chunks in its own dtype (cuBLAS adds in float32 and rounds
+    # once a chunk): a float32 copy would be twice the weight's size again.
+    dw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if with_grad else None
     db = torch.zeros((vocab,), dtype=torch.float32, device=x.device) \
         if with_grad and bias is not None else None
     for start in range(0, n, chunk_rows):
         rows = slice(start, min(n, start + chunk_rows))
         xc = x[rows]
-        logits = xc @ w.t()
-        if bias is not None:
-            logits[:, :vocab] += bias
+        logits = buffer[:xc.shape[0], :vocab]
+        if bias is None:
+            torch.mm(xc, weight.t(), out=logits)
+        else:
+            torch.addmm(bias, xc, weight.t(), out=logits)
         launch(_ce_rows_kernel, (logits.shape[0],), logits, target[rows], losses[rows], vocab,
                logits.stride(0), int(ignore_index), float(label_smoothing),
                SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad,
                BLOCK=min(block, max(16, next_pow2(vocab))))
-        if with_grad:
-            dx[rows] = (logits @ w).float().mul_(scale)
-            dw += (logits.t() @ xc).float()
+        if with_grad:  # the gradient is in `logits` now, unscaled; the scale is cuBLAS's alpha
+            torch.addmm(dx[rows], logits, weight, beta=0, alpha=scale, out=dx[rows])
+            dw.addmm_(logits.t(), xc, alpha=scale)
             if db is not None:
-                db += logits[:, :vocab].float().sum(0)
+                db += logits.sum(0, dtype=torch.float32)
     loss = (losses.sum() * scale).to(x.dtype)
     if not with_grad:
         return loss, None, None, None
-    return (loss, dx, dw[:vocab].mul_(scale).to(weight.dtype),
-            None if db is None else db.mul_(scale).to(bias.dtype))
+    return loss, dx, dw, None if db is None else db.mul_(scale).to(bias.dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,6 +211,8 @@ def _backward(ctx, dloss, _dx, _dw, _db):
         raise RuntimeError("linear_cross_entropy: the second derivative is not implemented (its "
                            "gradients are made in the forward); use the PyTorch reference")
     dx, dw, db = ctx.saved_tensors
+    if not is_fake(dloss) and dloss.item() == 1.0:  # a loss's usual gradient: no copy of dW
+        return dx, dw, None, db if ctx.has_bias else None, None, None, None
     g = dloss.to(dx.dtype)
     return (dx * g, dw * g, None, db * g if ctx.has_bias else None, None, None, None)
 

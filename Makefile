@@ -30,8 +30,9 @@ SPACE := $(subst ,, )
 # The bench's grid: book (what the book shows, ~5 min on one H100), full (the references), smoke.
 GRID ?= book
 BENCH_ARGS ?=
-# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: half the CPUs).
-WARM ?= 0
+# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: half the CPUs, at
+# most 8; 0: none).
+WARM ?= -1
 # Test processes (pytest-xdist): the compiling is most of a test run's time, and parallel.
 JOBS ?= auto
 OUTPUT_DIR := _output

@@ -224,3 +224,31 @@ def test_lm_head_section_only_where_its_rows_are(tmp_path):
     assert "300 MiB against torch.compile's 860" in section
     assert list(c["table"].columns)[1:] == ["PyTorch eager", "torch.compile", "Liger-Kernel",
                                             "Triton fused"]
+
+
+def test_model_section_reads_the_model_check(tmp_path):
+    """The GPT-2 section: tokens/s against eager, the GPU's split, the host table and the training
+    distance from a run's CSVs; a folder without them says what is lacking."""
+    from triton_fusion_report.analysis.book import model
+
+    assert "GPT-2 timings" in model.compute([tmp_path])["say"]["section"]
+    timing = dict(kind="timing", status="ok", batch=8, seq=1024, ops="attention head layer_norm mlp")
+    pd.DataFrame([
+        dict(timing, impl="torch_eager", tokens_per_s=100e3, step_ms=80.0, gpu_ms=70.0,
+             peak_mib=8192.0),
+        dict(timing, impl="triton_fused", tokens_per_s=150e3, step_ms=53.0, gpu_ms=30.0,
+             peak_mib=4096.0),
+        dict(timing, impl="torch_compile", tokens_per_s=200e3, step_ms=40.0, gpu_ms=35.0,
+             peak_mib=6144.0),
+        dict(timing, impl="torch_compile_triton_head", tokens_per_s=220e3, step_ms=36.0,
+             gpu_ms=32.0, peak_mib=5120.0),
+        dict(kind="check", check="fwd+bwd loss vs float32", passed=True, status=None)]
+    ).to_csv(tmp_path / "model_check.csv", index=False)
+    pd.DataFrame(dict(impl=["torch_eager", "triton_fused"], kind=["attention", "attention"],
+                      gpu_ms=[2.0, 3.0])).to_csv(tmp_path / "model_ops.csv", index=False)
+    pd.DataFrame(dict(step=[0, 1], torch_distance=[0.01, 0.02], triton_distance=[0.005, 0.04])
+                 ).to_csv(tmp_path / "model_train.csv", index=False)
+    text = model.compute([tmp_path])["say"]["section"]
+    assert "1.50× eager's tokens/s" in text and "(1.10×)" in text
+    assert "from 6.0 to 5.0 GiB" in text and "at 1 of 2 steps" in text
+    assert "| eager + our ops | 150k | 1.50 |" in text and "1 of 1 checks" in text

@@ -47,11 +47,11 @@ def parse(argv=None):
     ap.add_argument("--workers", type=int, default=None,
                     help="processes sharing the configurations, one per GPU (default: every "
                          "visible GPU; on the CPU 1)")
-    ap.add_argument("--warm", type=int, default=0, metavar="N",
+    ap.add_argument("--warm", type=int, default=-1, metavar="N",
                     help="processes that compile every problem's Triton and torch.compile "
                          "variants before the timed sweep, on one GPU (analysis/bench/warm.py; "
-                         "-1: half the CPUs, at most 8; default 0, none: not yet measured on a "
-                         "GPU)")
+                         "default -1: half the CPUs, at most 8, and none on the CPU or with "
+                         "several workers; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--resume", action="store_true",
@@ -91,10 +91,11 @@ def parse(argv=None):
     if "--grid" not in given:  # the record names the grid, default or not
         given += ["--grid", args.grid]
     args.argv = ["python -m triton_fusion_report.analysis.bench", *given]
+    one_gpu = torch.device(args.device).type == "cuda" and args.workers <= 1
     if args.warm < 0:
         from .warm import default_workers
 
-        args.warm = default_workers()
+        args.warm = default_workers() if one_gpu else 0
     if args.warm and (torch.device(args.device).type != "cuda" or args.workers > 1):
         ap.error("--warm: on one GPU only (several GPUs' workers compile in parallel already)")
     return args, problems

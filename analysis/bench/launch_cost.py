@@ -35,7 +35,7 @@ from ...kernels.families import softmax_matmul as sv
 from .machine import run_metadata
 from .timing import graph_ms
 
-N_CALLS = 400
+N_CALLS = 200
 
 
 @triton.jit
@@ -49,18 +49,18 @@ def _noop10(p0, p1, p2, p3, p4, n0, n1, n2, n3, f0, BLOCK: tl.constexpr):
 
 
 def host_us(fn, n: int = N_CALLS) -> float:
-    """Wall-clock microseconds per call of n back-to-back calls (median of 5 batches)."""
+    """Wall-clock microseconds per call of n back-to-back calls (median of 3 batches)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
     batches = []
-    for _ in range(5):
+    for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         batches.append((time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
-    return sorted(batches)[2]
+    return sorted(batches)[1]
 
 
 def first_ms(fn) -> float:
@@ -116,6 +116,24 @@ def cases(dev):
     yield "layer_norm fwd+bwd", "8x1024", dict(
         torch_eager=fwd_bwd(eager_lnf), torch_compile=fwd_bwd(comp(eager_lnf)),
         triton_fused=fwd_bwd(ln.triton_fused), public=fwd_bwd(kernels.layer_norm))
+    sm_g = s.clone().requires_grad_()
+    yield "softmax fwd+bwd", "8x1024", dict(
+        torch_eager=lambda: torch.autograd.grad(torch.softmax(sm_g, -1), (sm_g,), dy),
+        public=lambda: torch.autograd.grad(kernels.softmax(sm_g), (sm_g,), dy))
+    qa, ka, va = (r(1, 2, 128, 64).requires_grad_() for _ in range(3))
+    do = r(1, 2, 128, 64)
+    yield "attention fwd+bwd", "1x2x128x64 causal", dict(
+        torch_eager=lambda: torch.autograd.grad(F.scaled_dot_product_attention(
+            qa, ka, va, is_causal=True), (qa, ka, va), do),
+        public=lambda: torch.autograd.grad(kernels.attention(qa, ka, va, causal=True),
+                                           (qa, ka, va), do))
+    xl, wl, bl = (r(*shape).requires_grad_() for shape in ((64, 64), (64, 64), (64,)))
+    dl = r(64, 64)
+    yield "linear_act fwd+bwd", "64x64x64 gelu_tanh", dict(
+        torch_eager=lambda: torch.autograd.grad(F.gelu(torch.addmm(bl, xl, wl),
+                                                       approximate="tanh"), (xl, wl, bl), dl),
+        public=lambda: torch.autograd.grad(kernels.linear_act(xl, wl, bl, "gelu_tanh"),
+                                           (xl, wl, bl), dl))
     xs, vs = r(1, 64, 64), r(1, 64, 64)
     ref_sv = lambda: torch.softmax(xs, -1) @ vs  # noqa: E731
     yield "softmax_matmul", "1x64x64x64", dict(
@@ -153,7 +171,7 @@ def cases(dev):
         registered_op=lambda: ops.OPS["linear_act"](xm, wm, bm, "gelu"))
 
 
-TRIALS = 5
+TRIALS = 3
 
 
 def measure(dev, trials: int = TRIALS) -> list[dict]:

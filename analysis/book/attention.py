@@ -1,5 +1,5 @@
 """Chapter "From online softmax to attention": softmax(X) @ V, attention forward, forward +
-backward, decoding, GPT-2 small with the project's ops. model -> measurement -> meaning: what the
+backward, decoding. model -> measurement -> meaning: what the
 stored (d1, d2) or (seq, seq) matrix costs in bytes against the products' FLOPs; the time (device
 time) against the strongest libraries; the memory the online softmax saves."""
 from __future__ import annotations
@@ -43,8 +43,7 @@ def compute(folders: list) -> dict:
     say["smm_seed"] = _seed(folder, smm_t)
     say.update(_fwd_sentences(fwd, fwd_t))
     decode = _decode_table(dec_t)
-    say.update(train=_train_sentence(train_t), decode=_decode_sentence(dec_t, decode, limits),
-               model_swap=_model_sentence(folder))
+    say.update(train=_train_sentence(train_t), decode=_decode_sentence(dec_t, decode, limits))
     say.update(_meaning(smm_t, fwd_t, folder))
     head = (lambda df: df[df["head_dim"] == _pick(df["head_dim"], HEAD_DIM)] if len(df) else df)
     peak = (lambda df, p: C.peak_of(limits, p, D.runs_of(df)) if len(df) else NAN)
@@ -303,7 +302,7 @@ def _attn_memory(rows: pd.DataFrame, at: pd.DataFrame, hd: int, n: int) -> str:
             f"{peak.loc['triton_fused'].max():,.0f} MiB, its output, over the whole sweep.")
 
 
-# --- forward + backward, decoding, GPT-2 small, what it means ------------------------------
+# --- forward + backward, decoding, what it means ------------------------------
 
 def _train_sentence(rows: pd.DataFrame) -> str:
     if not len(rows):
@@ -378,43 +377,6 @@ def _timing(folder) -> pd.DataFrame:
     c = D.load_csv(folder, "model_check")
     ok = c[(c["kind"] == "timing") & (c["status"] == "ok")] if "kind" in c else c
     return ok.set_index("impl") if "impl" in ok else ok
-
-
-def _model_sentence(folder) -> str:
-    check, train, parts = D.load_csv(folder, "model_check"), D.load_csv(folder, "model_train"), []
-    if not len(check) or "kind" not in check:
-        return D.lacking("GPT-2 model check (it needs `transformers` on the GPU machine)")
-    one = check[(check["kind"] == "check") & check["check"].astype(str).str.startswith("fwd+bwd")]
-    if len(one):
-        parts.append("Swapped into GPT-2 small (every LayerNorm and the attention, bf16 autocast),"
-                     f" the project's ops pass {one['passed'].astype(str).eq('True').sum()} of "
-                     f"{len(one)} checks of logits, loss and gradients against float32 (at most "
-                     "twice the error of PyTorch's own bf16 run).")
-    if len(train) and {"rel_diff", "torch_rel_diff_float32", "stable_rel_diff"} <= set(train):
-        parts.append(f"Over {len(train)} training steps the losses stay within "
-                     f"{100 * train['stable_rel_diff'].max():.2f}% of PyTorch's at learning rate "
-                     f"{train['stable_lr'].iloc[0]:g}; at {train['lr'].iloc[0]:g}, where the "
-                     f"loss spikes, they drift up to {100 * train['rel_diff'].max():.1f}% apart, "
-                     f"while PyTorch's own bf16 run drifts up to "
-                     f"{100 * train['torch_rel_diff_float32'].max():.1f}% from float32.")
-    timing = _timing(folder)
-    if {"torch_eager", "triton_fused"} <= set(timing.index):
-        tps = timing["tokens_per_s"] / 1e3
-        parts.append(f"A forward and backward step of {int(timing['batch'].iloc[0])} × "
-                     f"{int(timing['seq'].iloc[0]):,} tokens runs at {tps['triton_fused']:.0f}k "
-                     f"tokens/s with them, against {tps['torch_eager']:.0f}k for PyTorch eager"
-                     + (f" and {tps['torch_compile']:.0f}k for torch.compile"
-                        if "torch_compile" in tps else "") + ".")
-        g, st = timing.get("gpu_ms"), timing.get("step_ms")
-        if g is not None and g[["triton_fused", "torch_eager"]].notna().all():
-            same = abs(g["triton_fused"] / g["torch_eager"] - 1) < 0.05
-            parts.append(f"The GPU is busy {g['triton_fused']:.1f} ms per step with our ops and "
-                         f"{g['torch_eager']:.1f} ms with PyTorch's, of steps of "
-                         f"{st['triton_fused']:.1f} and {st['torch_eager']:.1f} ms"
-                         + (": the GPU's work is about the same, and the step is longer by the "
-                            "host's time to call the Triton kernels from Python."
-                            if same and st["triton_fused"] > st["torch_eager"] else "."))
-    return " ".join(parts) if parts else D.lacking("timings or checks in the GPT-2 model check")
 
 
 def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:

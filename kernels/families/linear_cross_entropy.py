@@ -12,11 +12,11 @@ backward only scales them by the incoming gradient. Memory: one chunk of logits,
 token count. Three matmuls (the logits and the two gradient products) are the floor; the row
 kernel reads and writes each chunk's logits once more.
 
-A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path when
-the logits' rows are that wide: they are written into a buffer whose rows are padded to a
-multiple of 64 (no copy of the weight); the kernel reads the first `vocabulary` columns. dweight
-accumulates over the chunks in the weight's dtype (cuBLAS adds in float32 and rounds once per
-chunk, as Liger does); the mean's 1/count is the matmuls' alpha, applied in float32.
+A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path (5-7x
+slower on an H100): the weight is padded with zero rows to a multiple of 64 (a copy per call),
+and so are the logits and dweight. dweight accumulates over the chunks in the weight's dtype
+(cuBLAS adds in float32 and rounds once per chunk, as Liger does); the mean's 1/count is the
+matmuls' alpha, applied in float32.
 
 Reductions "mean" (over the targets that are not `ignore_index`, as torch) and "sum"; label
 smoothing as torch's. float16, bfloat16 (logits in the input dtype, as cuBLAS writes them; the
@@ -43,22 +43,24 @@ PAD_TO = 64  # a vocabulary that is not a multiple of 8 is padded to a multiple 
 
 def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
               label_smoothing=0.0):
-    """The semantics, in PyTorch eager: the logits, then F.cross_entropy (float32 math)."""
+    """The semantics, in PyTorch eager: the logits, then F.cross_entropy on them in float32 (as
+    models compute their loss); the loss is float32."""
     logits = x @ weight.t()
     if bias is not None:
         logits = logits + bias
     return torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=ignore_index,
-                                             reduction=reduction,
-                                             label_smoothing=label_smoothing).to(x.dtype)
+                                             reduction=reduction, label_smoothing=label_smoothing)
 
 
 @triton.jit
-def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_index, smoothing,
-                    SMOOTH: tl.constexpr, WITH_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, V, stride_row, ignore_index,
+                    smoothing, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr,
+                    WITH_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     """One row of logits: its loss, and (WITH_GRAD) their gradient written over them, unscaled
     (the mean's 1/count is applied in float32 after the matmuls, so that no small gradient
     underflows in float16): softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where
-    the target is ignored. Only the first V columns are read or written.
+    the target is ignored. The bias (HAS_BIAS) is added here, to the logits as read. Only the
+    first V columns are read or written.
     """
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
@@ -70,6 +72,8 @@ def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_inde
     for start in tl.range(0, V, BLOCK):
         c = start + cols
         z = tl.load(base + c, mask=c < V, other=float("-inf")).to(tl.float32)
+        if HAS_BIAS:
+            z += tl.load(bias_ptr + c, mask=c < V, other=0.0).to(tl.float32)
         m_new = tl.maximum(m, z)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
         s = s * tl.exp(m - m_safe) + tl.exp(z - m_safe)
@@ -80,6 +84,9 @@ def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_inde
     lse = row_max + tl.log(sum_exp)
     ignored = target == ignore_index
     z_target = tl.load(base + target, mask=target != ignore_index, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        z_target += tl.load(bias_ptr + target, mask=target != ignore_index, other=0.0).to(
+            tl.float32)
     loss = lse - (1.0 - smoothing) * z_target
     if SMOOTH:  # only then: a -inf logit (a masked class) would make 0 * -inf here
         loss -= smoothing / V * tl.sum(total, 0)
@@ -89,6 +96,8 @@ def _ce_rows_kernel(logits_ptr, target_ptr, loss_ptr, V, stride_row, ignore_inde
         for start in tl.range(0, V, BLOCK):
             c = start + cols
             z = tl.load(base + c, mask=c < V, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                z += tl.load(bias_ptr + c, mask=c < V, other=0.0).to(tl.float32)
             g = (tl.exp(z - lse) - smoothing / V - (1.0 - smoothing) * (c == target)) * row_scale
             tl.store(base + c, g.to(logits_ptr.dtype.element_ty), mask=c < V)
 
@@ -134,10 +143,16 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     check_pow2("block", block)
     n, hidden = x.shape
     vocab = weight.shape[0]
-    # cuBLAS's fast path needs the logits' rows aligned: they live in a buffer whose rows are
-    # padded to a multiple of PAD_TO where the vocabulary is not a multiple of 8.
+    # cuBLAS is 5-7x slower where a matmul's dimension is the vocabulary and that is not a multiple
+    # of 8 (measured on an H100): pad the weight with zero rows (a copy) and dweight alike (its
+    # first `vocab` rows are returned, a view: no second copy).
     padded = padded_width(vocab)
+    w = weight
+    if padded != vocab:
+        w = weight.new_zeros((padded, hidden))
+        w[:vocab] = weight
     target = target.contiguous()  # the kernel reads one index per row, adjacent
+    bias = None if bias is None else bias.contiguous()  # and the bias's entries, adjacent
     kept = target != ignore_index
     bad, count = torch.stack([(kept & ((target < 0) | (target >= vocab))).sum(),
                               kept.sum()]).tolist()  # one host sync, as torch's own check
@@ -148,35 +163,35 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     scale = (1.0 / count if count else float("nan")) if reduction == "mean" else 1.0
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, vocab, x.element_size())
+    # The padding columns of the logits stay zero (zero weight rows, no bias there): their
+    # gradient is zero without the kernel writing it.
     buffer = torch.empty((min(n, chunk_rows), padded), dtype=x.dtype, device=x.device)
     losses = empty((n,), torch.float32, x.device)
     dx = torch.empty_like(x) if with_grad else None
     # dweight accumulates over the chunks in its own dtype (cuBLAS adds in float32 and rounds
     # once a chunk): a float32 copy would be twice the weight's size again.
-    dw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if with_grad else None
+    dw = torch.zeros((padded, hidden), dtype=weight.dtype, device=x.device) if with_grad else None
     db = torch.zeros((vocab,), dtype=torch.float32, device=x.device) \
         if with_grad and bias is not None else None
     for start in range(0, n, chunk_rows):
         rows = slice(start, min(n, start + chunk_rows))
         xc = x[rows]
-        logits = buffer[:xc.shape[0], :vocab]
-        if bias is None:
-            torch.mm(xc, weight.t(), out=logits)
-        else:
-            torch.addmm(bias, xc, weight.t(), out=logits)
-        launch(_ce_rows_kernel, (logits.shape[0],), logits, target[rows], losses[rows], vocab,
-               logits.stride(0), int(ignore_index), float(label_smoothing),
-               SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad,
+        full = buffer[:xc.shape[0]]
+        torch.mm(xc, w.t(), out=full)
+        logits = full[:, :vocab]
+        launch(_ce_rows_kernel, (logits.shape[0],), logits, bias, target[rows], losses[rows],
+               vocab, logits.stride(0), int(ignore_index), float(label_smoothing),
+               HAS_BIAS=bias is not None, SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad,
                BLOCK=min(block, max(16, next_pow2(vocab))))
         if with_grad:  # the gradient is in `logits` now, unscaled; the scale is cuBLAS's alpha
-            torch.addmm(dx[rows], logits, weight, beta=0, alpha=scale, out=dx[rows])
-            dw.addmm_(logits.t(), xc, alpha=scale)
+            torch.addmm(dx[rows], full, w, beta=0, alpha=scale, out=dx[rows])
+            dw.addmm_(full.t(), xc, alpha=scale)
             if db is not None:
                 db += logits.sum(0, dtype=torch.float32)
-    loss = (losses.sum() * scale).to(x.dtype)
+    loss = losses.sum() * scale
     if not with_grad:
         return loss, None, None, None
-    return loss, dx, dw, None if db is None else db.mul_(scale).to(bias.dtype)
+    return loss, dx, dw[:vocab], None if db is None else db.mul_(scale).to(bias.dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,7 +211,7 @@ def _linear_cross_entropy_op(x: torch.Tensor, weight: torch.Tensor, target: torc
 @_linear_cross_entropy_op.register_fake
 def _(x, weight, target, bias, ignore_index, reduction, label_smoothing):
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing)
-    return (x.new_empty(()), torch.empty_like(x), weight.new_empty(weight.shape),
+    return (x.new_empty((), dtype=torch.float32), torch.empty_like(x), weight.new_empty(weight.shape),
             bias.new_empty(bias.shape) if bias is not None else x.new_empty(0))
 
 
@@ -228,7 +243,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
 
     x (N, H), weight (V, H) as nn.Linear stores it, bias (V,) or None, target (N,) int64 class
     indices (ignore_index: no loss, no gradient). reduction "mean" or "sum". One float dtype for
-    x, weight and bias; the loss in it."""
+    x, weight and bias; the loss is float32 (as a model's loss on float32 logits)."""
     if _direct(x, weight, bias):
         return triton_fused(x, weight, target, bias, ignore_index, reduction, label_smoothing,
                             with_grad=False)[0]

@@ -1,0 +1,142 @@
+"""GPT-2 small trained with the project's ops (analysis/bench/model_check.py): the across-families
+chapter's section "In a model", from model_check.csv, model_train.csv and model_ops.csv."""
+from __future__ import annotations
+
+import pandas as pd
+
+from . import data as D
+
+VARIANTS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
+            "triton_fused": "eager + our ops",
+            "torch_compile_triton_head": "torch.compile + our LM head and loss",
+            "torch_compile_triton": "torch.compile + all our ops"}
+OPS = {"layer_norm": "LayerNorm", "attention": "attention", "mlp": "linear + GELU",
+       "head": "LM head + loss"}
+
+
+def _timings(folder) -> pd.DataFrame:
+    c = D.load_csv(folder, "model_check")
+    if not len(c) or "kind" not in c:
+        return pd.DataFrame()
+    t = c[(c["kind"] == "timing") & (c["status"] == "ok")].set_index("impl")
+    return t.loc[[v for v in VARIANTS if v in t.index]]
+
+
+def _table(t: pd.DataFrame) -> pd.DataFrame:
+    eager = t["tokens_per_s"].get("torch_eager")
+    out = pd.DataFrame({"variant": [VARIANTS[i] for i in t.index],
+                        "tokens/s": [f"{v / 1e3:,.0f}k" for v in t["tokens_per_s"]]})
+    if eager:
+        out["× eager"] = [f"{v / eager:.2f}" for v in t["tokens_per_s"]]
+    out["step (ms)"] = [f"{v:.1f}" for v in t["step_ms"]]
+    out["GPU busy (ms)"] = [f"{v:.1f}" for v in t["gpu_ms"]]
+    if "peak_mib" in t:
+        out["peak memory (GiB)"] = [f"{v / 1024:.1f}" for v in t["peak_mib"]]
+    return out
+
+
+def _split(folder, t: pd.DataFrame) -> pd.DataFrame:
+    """GPU ms per step by kind of kernel (rows) and variant (columns)."""
+    ops = D.load_csv(folder, "model_ops")
+    if not len(ops):
+        return pd.DataFrame()
+    s = ops.pivot_table(index="kind", columns="impl", values="gpu_ms", aggfunc="sum")
+    s = s[[i for i in t.index if i in s]].fillna(0.0)
+    s = s.loc[s.max(axis=1).sort_values(ascending=False).index]
+    return pd.DataFrame({"kernels": s.index, **{VARIANTS[i]: [f"{v:.1f}" for v in s[i]]
+                                                for i in s}})
+
+
+HOST_IMPLS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
+              "public": "ours (kernels.*)"}
+
+
+def _host(folder) -> pd.DataFrame:
+    """Host µs per call of forward + backward at tiny sizes (launch_cost.csv's fwd+bwd rows)."""
+    lc = D.load_csv(folder, "launch_cost")
+    if not len(lc):
+        return pd.DataFrame()
+    ok = lc[lc["op"].astype(str).str.endswith("fwd+bwd") & lc["host_us"].notna()]
+    if not len(ok):
+        return pd.DataFrame()
+    t = ok.pivot_table(index=["op", "shape"], columns="impl", values="host_us", sort=False)
+    t = t[[i for i in HOST_IMPLS if i in t]]
+    return pd.DataFrame({"op, forward + backward": [f"{op.split()[0]} {shape}" for op, shape
+                                                    in t.index],
+                         **{HOST_IMPLS[i]: [f"{v:.0f}" if v == v else "" for v in t[i]]
+                            for i in t}})
+
+
+def _checks(folder) -> str:
+    c = D.load_csv(folder, "model_check")
+    if not len(c) or "kind" not in c:
+        return ""
+    one = c[(c["kind"] == "check") & c["check"].astype(str).str.startswith("fwd+bwd")]
+    parts = []
+    if len(one):
+        parts.append(f"Against a float32 run, the loss and every gradient with our ops pass "
+                     f"{one['passed'].astype(str).eq('True').sum()} of {len(one)} checks (at most "
+                     "twice the error of PyTorch's own bf16 run).")
+    train = D.load_csv(folder, "model_train")
+    if len(train) and {"torch_distance", "triton_distance"} <= set(train):
+        worst_t, worst_o = train["torch_distance"].max(), train["triton_distance"].max()
+        within = (train["triton_distance"] <= 1.5 * train["torch_distance"]).sum()
+        parts.append(f"Over {len(train)} AdamW steps the loss with our ops strays at most "
+                     f"{worst_o:.4f} from float32's, PyTorch's bf16 run {worst_t:.4f} "
+                     f"(ours within 1.5× PyTorch's distance at {within} of {len(train)} steps; "
+                     "where PyTorch's curve crosses float32's, any distance is many times it).")
+    return " ".join(parts)
+
+
+def _sentence(t: pd.DataFrame) -> str:
+    tps = t["tokens_per_s"]
+    parts = []
+    if {"triton_fused", "torch_eager"} <= set(tps.index):
+        g, st = t["gpu_ms"], t["step_ms"]
+        parts.append(
+            f"In eager mode our ops make the step's GPU work {g['triton_fused']:.1f} ms against "
+            f"PyTorch's {g['torch_eager']:.1f}, but the step takes {st['triton_fused']:.1f} ms: "
+            f"for {st['triton_fused'] - g['triton_fused']:.0f} ms of it the GPU waits on the "
+            "host, whose Python calls of the Triton kernels, forward and backward, cost more "
+            "than PyTorch's C++ path (@fig-x-launch).")
+        parts.append(f"That leaves {tps['triton_fused'] / tps['torch_eager']:.2f}× eager's "
+                     "tokens/s.")
+    if {"torch_compile_triton_head", "torch_compile"} <= set(tps.index):
+        parts.append(f"Under torch.compile, which removes most of the host's time, our fused LM "
+                     f"head and loss alone take the model from {tps['torch_compile'] / 1e3:,.0f}k "
+                     f"to {tps['torch_compile_triton_head'] / 1e3:,.0f}k tokens/s "
+                     f"({tps['torch_compile_triton_head'] / tps['torch_compile']:.2f}×)")
+        if "peak_mib" in t:
+            parts[-1] += (f", its peak memory from {t.loc['torch_compile', 'peak_mib'] / 1024:.1f} "
+                          f"to {t.loc['torch_compile_triton_head', 'peak_mib'] / 1024:.1f} GiB")
+        parts[-1] += "."
+    if "torch_compile_triton" in tps.index and "torch_compile" in tps.index:
+        parts.append(f"Every op swapped in under torch.compile runs at "
+                     f"{tps['torch_compile_triton'] / tps['torch_compile']:.2f}× compile's "
+                     "tokens/s: Inductor no longer fuses around them.")
+    return " ".join(parts)
+
+
+def compute(folders: list) -> dict:
+    folder = folders[0]
+    t = _timings(folder)
+    if not len(t):
+        return {"say": {"section": "## In a model: GPT-2 small\n\n" + D.lacking(
+            "GPT-2 timings (the model check needs `transformers` on the GPU machine)") + "\n"}}
+    run = D.load_csv(folder, "model_check")
+    ops = run["ops"].dropna().iloc[0].split() if "ops" in run and run["ops"].notna().any() else []
+    swapped = ", ".join(OPS[o] for o in OPS if o in ops) or "LayerNorm and attention"
+    b, s = int(t["batch"].iloc[0]), int(t["seq"].iloc[0])
+    split, host = _split(folder, t), _host(folder)
+    section = (
+        "## In a model: GPT-2 small\n\n"
+        f"Hugging Face's GPT-2 small (random weights), one forward and backward of {b} × {s:,} "
+        f"tokens under bf16 autocast, with our {swapped} swapped in "
+        f"(`analysis/bench/model_check.py`). " + _sentence(t) + " " + _checks(folder) + "\n\n"
+        + D.md_table(_table(t)) + "\n\n"
+        + ("The GPU's time per step by kind of kernel (ms, the profiler's kernel durations grouped "
+           "by kernel name):\n\n" + D.md_table(split) + "\n\n" if len(split) else "")
+        + ("Where the host's time goes: µs of host time per forward + backward call at tiny "
+           "sizes (back-to-back calls; launch_cost.csv):\n\n" + D.md_table(host) + "\n"
+           if len(host) else ""))
+    return {"say": {"section": section}, "table": _table(t), "split": split}

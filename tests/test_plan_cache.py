@@ -158,3 +158,17 @@ def test_layer_norm_backward_from_the_cache(device):
     with pytest.raises(RuntimeError):  # dy must hold x's rows, remembered plan or not
         lnb.backward(r(5, 40, device=device), x, w, torch.zeros(2, 6, device=device), True,
                      True, None, None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events time a GPU")
+def test_tuner_timing_allocates_no_flush_buffer():
+    """The tuners' timer runs the candidate back to back, with no L2 flush buffer (do_bench's
+    256 MB made a tuned op's first call at a new shape allocate it)."""
+    from triton_fusion_report.kernels._timer import time_ms
+
+    x = torch.randn(1024, device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    assert time_ms(lambda: x.mul_(1.0), warmup_ms=1, rep_ms=2) > 0
+    assert torch.cuda.max_memory_allocated() - before < 2**20

@@ -38,6 +38,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..._checks import (cdiv, check_pow2, check_same, check_tensor, empty, empty_like, has_tma,
                         interpreting, is_fake, next_pow2)
 from ..._plans import cached, fastest, layout_key, plan_cache
+from ..._timer import time_ms
 from ..._launch import descriptor, launch
 from . import decoding as flash_decoding
 from ..._bmm import DOT_MIN
@@ -130,7 +131,7 @@ def seq_bucket(seq: int) -> int:
 
 def _bench(fn) -> float:
     """Median ms of fn (a module attribute so that the tests can replace the timing)."""
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    return time_ms(fn, warmup_ms=10, rep_ms=40)
 
 
 def _tune(key, seq, run, device, ws=False) -> tuple:

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..._checks import cdiv, default_warps, empty, next_pow2, sm_count_of
 from ..._plans import fastest
+from ..._timer import time_ms
 from ..._launch import launch
 
 # Longest row the forward keeps whole in registers (a persistent program per SM, 32 warps).
@@ -278,7 +279,7 @@ _TUNED: dict = {}
 
 def _bench(fn) -> float:
     """Median ms of fn (a module attribute so that the tests can replace the timing)."""
-    return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+    return time_ms(fn, warmup_ms=5, rep_ms=20)
 
 
 def tuned_launch(x, n_rows, n_cols, x_row_stride, weight, bias, how: FwdLaunch) -> FwdLaunch:

@@ -1,0 +1,32 @@
+"""The tuners' timer (attention's and LayerNorm's launch settings, chosen by `_plans.fastest`)."""
+from __future__ import annotations
+
+import torch
+
+
+def time_ms(fn, warmup_ms: float = 5, rep_ms: float = 20) -> float:
+    """Median ms of fn over back-to-back calls, each between CUDA events, for the tuners.
+    Unlike triton.testing.do_bench, no L2 flush between calls: its 256 MB buffer made a
+    tuner's first call at a new shape allocate it (attention at 1x8x8192x64: 264 MiB at the first
+    forward + backward against 32 after, on an H100), and the candidates, compared on the same
+    inputs, see the same cache alike."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(max(3, int(rep_ms / estimate)))]
+    for a, b in events:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in events)
+    return times[len(times) // 2]

@@ -86,10 +86,28 @@ def test_without_grad_only_the_loss(device):
 
 
 def test_every_target_ignored_is_nan_as_torch(device):
+    """The mean over no target: a nan loss and zero gradients, as torch's (an all-padding batch
+    must not turn the weights into nan)."""
     x, w, b, t = _inputs(5, 16, 40, torch.float32, device)
     t[:] = -100
-    assert torch.isnan(kernels.linear_cross_entropy(x, w, t, b))
-    assert torch.isnan(F.cross_entropy(x @ w.t() + b, t))
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    loss = kernels.linear_cross_entropy(*leaves[:2], t, leaves[2])
+    assert torch.isnan(loss) and torch.isnan(F.cross_entropy(x @ w.t() + b, t))
+    loss.backward()
+    assert all(torch.equal(a.grad, torch.zeros_like(a)) for a in leaves)
+
+
+def test_a_retained_graph_backpropagates_again(device):
+    """A second backward of a retained graph accumulates the same gradients again (the first
+    returns the gradients made in the forward, later ones copies)."""
+    x, w, b, t = _inputs(9, 16, 40, torch.float32, device)
+    _, grads = _want(x, w, b, t)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    loss = kernels.linear_cross_entropy(*leaves[:2], t, leaves[2])
+    loss.backward(retain_graph=True)
+    loss.backward()
+    for got, ref in zip(leaves, grads):
+        assert _rel(got.grad, 2 * ref) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("change, exc, words", [

@@ -269,6 +269,18 @@ def test_layer_norm_double_backward_refused(only_term, path):
             torch.autograd.grad(gx.sum(), x)
 
 
+@pytest.mark.parametrize("path", ["eager", "registered_op"])
+def test_linear_act_double_backward_refused(path):
+    """create_graph=True, then a second derivative: refused with a message on the eager path
+    (autograd.Function) and through the registered op."""
+    x, w, b = _r(6, 16, grad=True), _r(16, 24, grad=True), _r(24, grad=True)
+    f = kernels.linear_act if path == "eager" else ops.OPS["linear_act"]
+    y = f(x, w, b, "gelu").pow(2).sum()
+    (gx,) = torch.autograd.grad(y, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="second derivative is not implemented"):
+        torch.autograd.grad(gx.sum(), (x, w))
+
+
 @pytest.mark.parametrize("dtype", [*full(torch.float16), torch.bfloat16])
 def test_layer_norm_float32_weight(dtype):
     """fp32 weight and bias with half x, as F.layer_norm takes them: y and dx in x's dtype,

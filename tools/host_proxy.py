@@ -157,6 +157,9 @@ def _cases():
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     yield "attention fwd+bwd 1x2x128x64", lambda: torch.autograd.grad(
         kernels.attention(qg, kg, vg, causal=True), (qg, kg, vg), q)
+    xg, wg2, bg2 = (t.clone().requires_grad_() for t in (xm, wm, bm))
+    yield "linear_act fwd+bwd 64^3 gelu", lambda: torch.autograd.grad(
+        kernels.linear_act(xg, wg2, bg2), (xg, wg2, bg2), xm)
     yield "softmax_matmul 1x64x64x64", lambda: kernels.softmax_matmul(xs, vs)
     yield "matmul_softmax 64^3", lambda: kernels.matmul_softmax(xm, wm, bm)
     yield "linear_act 64^3 gelu", lambda: kernels.linear_act(xm, wm, bm)

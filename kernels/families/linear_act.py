@@ -18,7 +18,7 @@ from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
 from .._matmul import (ACTIVATIONS, GemmLaunch, _activation_kernel, _check_operands, _gemm,
                           _precision, gemm_launch, run_gemm)
-from .._autograd import NS, _direct
+from .._autograd import _PLAIN, NS, _direct, _no_double_backward
 
 
 def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
@@ -147,23 +147,29 @@ def _activation_grad_kernel(h_ptr, dy_ptr, dh_ptr, n, ACTIVATION: tl.constexpr,
     tl.store(dh_ptr + offs, (dy * d).to(dh_ptr.dtype.element_ty), mask=mask)
 
 
-@torch.library.custom_op(f"{NS}::linear_act_backward", mutates_args=())
-def _linear_act_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                            bias: torch.Tensor | None, activation: str, need_dx: bool,
-                            need_dw: bool, need_db: bool
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h = x W + b recomputed by cuBLAS in the input dtype (as eager would have stored it);
-    dh = dy * act'(h) in one Triton pass; dx = dh W^T, dW = x^T dh, db = sum dh (cuBLAS). A
-    gradient not needed is an empty tensor (a custom op's outputs cannot be None)."""
+def backward(dy, x, weight, bias, activation, need_dx, need_dw, need_db) -> tuple:
+    """(dx, dweight, dbias), None where not needed: h = x W + b recomputed by cuBLAS in the input
+    dtype (as eager would have stored it); dh = dy * act'(h) in one Triton pass; dx = dh W^T,
+    dW = x^T dh, db = sum dh (cuBLAS)."""
     h = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
     dy = dy.contiguous()
     dh = torch.empty_like(h)
     block = 1024
     launch(_activation_grad_kernel, (cdiv(h.numel(), block),), h, dy, dh, h.numel(),
            ACTIVATION=activation, BLOCK=block)
-    none = x.new_empty((0,))
-    return (dh @ weight.t() if need_dx else none, x.t() @ dh if need_dw else none.clone(),
-            dh.sum(0, dtype=torch.float32).to(bias.dtype) if need_db else none.clone())
+    return (dh @ weight.t() if need_dx else None, x.t() @ dh if need_dw else None,
+            dh.sum(0, dtype=torch.float32).to(bias.dtype) if need_db else None)
+
+
+@torch.library.custom_op(f"{NS}::linear_act_backward", mutates_args=())
+def _linear_act_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None, activation: str, need_dx: bool,
+                            need_dw: bool, need_db: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`backward` as an op (for torch.compile and create_graph): a gradient not needed is an
+    empty tensor (a custom op's outputs cannot be None)."""
+    grads = backward(dy, x, weight, bias, activation, need_dx, need_dw, need_db)
+    return tuple(x.new_empty((0,)) if g is None else g for g in grads)
 
 
 @_linear_act_backward_op.register_fake
@@ -183,7 +189,28 @@ def _linear_act_backward(ctx, dy):
             db if bias is not None and need[2] else None, None)
 
 
+class _LinearAct(torch.autograd.Function):
+    """Eager autograd: the same kernels at less host cost a call than the custom op's autograd;
+    under create_graph the backward is the registered op (no second derivative)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation):
+        ctx.save_for_backward(x, weight, bias)
+        ctx.activation = activation
+        return linear_act_fused(x, weight, bias, activation)
+
+    @staticmethod
+    def backward(ctx, dy):
+        if torch.is_grad_enabled():
+            return _linear_act_backward(ctx, dy)
+        x, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (*backward(dy, x, weight, bias, ctx.activation, need[0], need[1],
+                          bias is not None and need[2]), None)
+
+
 _linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act_setup)
+_linear_act_backward_op.register_autograd(_no_double_backward("linear_act's backward"))
 
 
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
@@ -197,4 +224,7 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
     """
     if _direct(x, weight, bias):
         return linear_act_fused(x, weight, bias, activation)
+    if not torch.compiler.is_compiling() and all(
+            t is None or type(t) in _PLAIN for t in (x, weight, bias)):
+        return _LinearAct.apply(x, weight, bias, activation)
     return _linear_act_op(x, weight, bias, activation)

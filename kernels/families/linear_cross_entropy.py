@@ -15,8 +15,8 @@ kernel reads and writes each chunk's logits once more.
 A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path (5-7x
 slower on an H100): the weight is padded with zero rows to a multiple of 64 (a copy per call),
 and so are the logits and dweight. dweight accumulates over the chunks in the weight's dtype
-(cuBLAS adds in float32 and rounds once per chunk, as Liger does); the mean's 1/count is the
-matmuls' alpha, applied in float32.
+(cuBLAS adds in float32 and rounds once per chunk, as Liger does: its error grows with the number
+of chunks); the mean's 1/count is the matmuls' alpha, applied in float32.
 
 Reductions "mean" (over the targets that are not `ignore_index`, as torch) and "sum"; label
 smoothing as torch's. float16, bfloat16 (logits in the input dtype, as cuBLAS writes them; the
@@ -159,8 +159,9 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     if bad:
         raise ValueError(f"target holds class indices outside [0, {vocab}) that are not "
                          f"ignore_index ({ignore_index})")
-    # The mean over the targets kept (none kept: nan, as torch); a number for the matmuls.
-    scale = (1.0 / count if count else float("nan")) if reduction == "mean" else 1.0
+    # The mean over the targets kept, a number for the matmuls. None kept: the loss is nan and
+    # the gradients zero, as torch's.
+    scale = (1.0 / count if count else 0.0) if reduction == "mean" else 1.0
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, vocab, x.element_size())
     # The padding columns of the logits stay zero (zero weight rows, no bias there): their
@@ -188,7 +189,7 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
             dw.addmm_(full.t(), xc, alpha=scale)
             if db is not None:
                 db += logits.sum(0, dtype=torch.float32)
-    loss = losses.sum() * scale
+    loss = losses.sum() * (scale if count or reduction != "mean" else float("nan"))
     if not with_grad:
         return loss, None, None, None
     return loss, dx, dw[:vocab], None if db is None else db.mul_(scale).to(bias.dtype)
@@ -218,7 +219,10 @@ def _(x, weight, target, bias, ignore_index, reduction, label_smoothing):
 def _setup(ctx, inputs, output):
     _, dx, dw, db = output
     ctx.has_bias = inputs[3] is not None
+    ctx.first = True
     ctx.save_for_backward(dx, dw, db)
+    # The gradients the op returns are never used: no zeros in their place (a copy of dW).
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dloss, _dx, _dw, _db):
@@ -226,7 +230,13 @@ def _backward(ctx, dloss, _dx, _dw, _db):
         raise RuntimeError("linear_cross_entropy: the second derivative is not implemented (its "
                            "gradients are made in the forward); use the PyTorch reference")
     dx, dw, db = ctx.saved_tensors
-    if not is_fake(dloss) and dloss.item() == 1.0:  # a loss's usual gradient: no copy of dW
+    if dloss is None:  # the loss did not reach the outputs differentiated
+        return (None,) * 7
+    # A loss's usual gradient, in the graph's first backward: the gradients made in the forward,
+    # no copy (they become the .grad tensors; a later backward of a retained graph returns
+    # copies, and raises if such a .grad was changed in place since). Else scaled copies.
+    if ctx.first and not is_fake(dloss) and dloss.item() == 1.0:
+        ctx.first = False
         return dx, dw, None, db if ctx.has_bias else None, None, None, None
     g = dloss.to(dx.dtype)
     return (dx * g, dw * g, None, db * g if ctx.has_bias else None, None, None, None)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import cdiv, empty, interpreting, next_pow2
+from ..._checks import cdiv, empty, interpreting, next_pow2, scratch
 from ..._launch import launch
 from ..._checks import dot as _dot
 from ..._checks import upcast_bf16 as _upcast_bf16
@@ -177,7 +177,9 @@ def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float, b
         return dq.zero_(), dk.zero_(), dv.zero_()
     block_d = max(16, next_pow2(head_dim))
     cfg = blocks or default_blocks(head_dim)
-    delta = empty((batch * heads, seq), torch.float32, q.device)
+    # A temporary: reused across calls (an allocation on the autograd worker thread costs the
+    # host ~4x one on the main thread, _checks.scratch).
+    delta = scratch((batch * heads, seq), torch.float32, q.device)[0]
     strides = tuple(st for t in (q, k, v, dout) for st in t.stride()[:3])
     launch(_attn_bwd_preprocess, (cdiv(seq, 64), batch * heads), out, dout, delta, seq, heads,
            *out.stride()[:3], *dout.stride()[:3], HEAD_DIM=head_dim, BLOCK_M=64,

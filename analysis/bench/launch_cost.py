@@ -107,33 +107,33 @@ def cases(dev):
         with torch.no_grad():
             return kernels.layer_norm(s, wp, bp)
     yield "layer_norm", "8x1024 (nn.Parameter weights, no_grad)", dict(public=with_parameters)
-    sg, wg, bg = (t.clone().requires_grad_() for t in (s, w, b))
+    ln_leaves = tuple(t.clone().requires_grad_() for t in (s, w, b))
     dy = r(8, 1024)
 
-    def fwd_bwd(f):
-        return lambda: torch.autograd.grad(f(sg, wg, bg), (sg, wg, bg), dy)
+    def fwd_bwd(f, leaves, grad):
+        return lambda: torch.autograd.grad(f(*leaves), leaves, grad)
     eager_lnf = lambda a, c, d: F.layer_norm(a, (1024,), c, d)  # noqa: E731
     yield "layer_norm fwd+bwd", "8x1024", dict(
-        torch_eager=fwd_bwd(eager_lnf), torch_compile=fwd_bwd(comp(eager_lnf)),
-        triton_fused=fwd_bwd(ln.triton_fused), public=fwd_bwd(kernels.layer_norm))
-    sm_g = s.clone().requires_grad_()
+        torch_eager=fwd_bwd(eager_lnf, ln_leaves, dy),
+        torch_compile=fwd_bwd(comp(eager_lnf), ln_leaves, dy),
+        triton_fused=fwd_bwd(ln.triton_fused, ln_leaves, dy),
+        public=fwd_bwd(kernels.layer_norm, ln_leaves, dy))
+    sm_leaves = (s.clone().requires_grad_(),)
     yield "softmax fwd+bwd", "8x1024", dict(
-        torch_eager=lambda: torch.autograd.grad(torch.softmax(sm_g, -1), (sm_g,), dy),
-        public=lambda: torch.autograd.grad(kernels.softmax(sm_g), (sm_g,), dy))
-    qa, ka, va = (r(1, 2, 128, 64).requires_grad_() for _ in range(3))
+        torch_eager=fwd_bwd(lambda a: torch.softmax(a, -1), sm_leaves, dy),
+        public=fwd_bwd(kernels.softmax, sm_leaves, dy))
+    qkv_leaves = tuple(r(1, 2, 128, 64).requires_grad_() for _ in range(3))
     do = r(1, 2, 128, 64)
     yield "attention fwd+bwd", "1x2x128x64 causal", dict(
-        torch_eager=lambda: torch.autograd.grad(F.scaled_dot_product_attention(
-            qa, ka, va, is_causal=True), (qa, ka, va), do),
-        public=lambda: torch.autograd.grad(kernels.attention(qa, ka, va, causal=True),
-                                           (qa, ka, va), do))
-    xl, wl, bl = (r(*shape).requires_grad_() for shape in ((64, 64), (64, 64), (64,)))
+        torch_eager=fwd_bwd(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True),
+                            qkv_leaves, do),
+        public=fwd_bwd(lambda *a: kernels.attention(*a, causal=True), qkv_leaves, do))
+    la_leaves = tuple(r(*shape).requires_grad_() for shape in ((64, 64), (64, 64), (64,)))
     dl = r(64, 64)
     yield "linear_act fwd+bwd", "64x64x64 gelu_tanh", dict(
-        torch_eager=lambda: torch.autograd.grad(F.gelu(torch.addmm(bl, xl, wl),
-                                                       approximate="tanh"), (xl, wl, bl), dl),
-        public=lambda: torch.autograd.grad(kernels.linear_act(xl, wl, bl, "gelu_tanh"),
-                                           (xl, wl, bl), dl))
+        torch_eager=fwd_bwd(lambda x_, w_, b_: F.gelu(torch.addmm(b_, x_, w_), approximate="tanh"),
+                            la_leaves, dl),
+        public=fwd_bwd(lambda *a: kernels.linear_act(*a, "gelu_tanh"), la_leaves, dl))
     xs, vs = r(1, 64, 64), r(1, 64, 64)
     ref_sv = lambda: torch.softmax(xs, -1) @ vs  # noqa: E731
     yield "softmax_matmul", "1x64x64x64", dict(

@@ -40,7 +40,8 @@ ALL_OPS = frozenset({"layer_norm", "attention", "mlp", "head"})
 # name: (torch.compile?, the project's ops swapped in). Under torch.compile only the LM head +
 # loss by default: every op swapped in keeps Inductor from fusing around them (measured slower).
 TIMINGS = {"torch_eager": (False, frozenset()), "torch_compile": (True, frozenset()),
-           "triton_fused": (False, ALL_OPS), "torch_compile_triton_head": (True, frozenset({"head"})),
+           "triton_fused": (False, ALL_OPS),
+           "torch_compile_triton_head": (True, frozenset({"head"})),
            "torch_compile_triton": (True, ALL_OPS)}
 DEFAULT_TIMINGS = ["torch_eager", "torch_compile", "triton_fused", "torch_compile_triton_head"]
 STEPS = 20

@@ -10,6 +10,7 @@ from ..model import traffic
 from . import cases as C
 from . import data as D
 from . import figures
+from .model import timings as model_timings
 
 PRECISION_LABEL = {"ieee": "IEEE fp32", "tf32": "TF32", "float16": "fp16", "bfloat16": "bf16"}
 SDPA = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
@@ -373,12 +374,6 @@ def _decode_sentence(rows, table, limits) -> str:
     return out
 
 
-def _timing(folder) -> pd.DataFrame:
-    c = D.load_csv(folder, "model_check")
-    ok = c[(c["kind"] == "timing") & (c["status"] == "ok")] if "kind" in c else c
-    return ok.set_index("impl") if "impl" in ok else ok
-
-
 def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
     both = pd.concat([smm, fwd])
     peaks = both.groupby("impl")["peak_mib"].max().dropna() if len(both) else pd.Series()
@@ -399,7 +394,7 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
             "calls cuBLAS for the product." if len(cudnn) and len(fa2)
             and best and "triton_fused" in t else
             D.lacking("fused, cuDNN and FA2 attention rows and IEEE softmax(X) @ V rows"))
-    timing = _timing(folder)
+    timing = model_timings(folder)
     t = fwd[fwd["impl"].isin(SDPA)].pivot_table(index=["head_dim", "seq", "causal"], columns="impl",
                                                 values="t_ms", aggfunc="min") if len(fwd) else fwd
     whom = ("For attention in a model, call `F.scaled_dot_product_attention`" + (

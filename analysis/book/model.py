@@ -14,7 +14,8 @@ OPS = {"layer_norm": "LayerNorm", "attention": "attention", "mlp": "linear + GEL
        "head": "LM head + loss"}
 
 
-def _timings(folder) -> pd.DataFrame:
+def timings(folder) -> pd.DataFrame:
+    """The model check's timing rows that ran, by variant (in VARIANTS' order)."""
     c = D.load_csv(folder, "model_check")
     if not len(c) or "kind" not in c:
         return pd.DataFrame()
@@ -119,7 +120,7 @@ def _sentence(t: pd.DataFrame) -> str:
 
 def compute(folders: list) -> dict:
     folder = folders[0]
-    t = _timings(folder)
+    t = timings(folder)
     if not len(t):
         return {"say": {"section": "## In a model: GPT-2 small\n\n" + D.lacking(
             "GPT-2 timings (the model check needs `transformers` on the GPU machine)") + "\n"}}

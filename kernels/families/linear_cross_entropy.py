@@ -169,8 +169,7 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     buffer = torch.empty((min(n, chunk_rows), padded), dtype=x.dtype, device=x.device)
     losses = empty((n,), torch.float32, x.device)
     dx = torch.empty_like(x) if with_grad else None
-    # dweight accumulates over the chunks in its own dtype (cuBLAS adds in float32 and rounds
-    # once a chunk): a float32 copy would be twice the weight's size again.
+    # In the weight's dtype (see the module's docstring): a float32 copy would double its size.
     dw = torch.zeros((padded, hidden), dtype=weight.dtype, device=x.device) if with_grad else None
     db = torch.zeros((vocab,), dtype=torch.float32, device=x.device) \
         if with_grad and bias is not None else None

@@ -75,9 +75,9 @@ def _checks(folder) -> str:
     one = c[(c["kind"] == "check") & c["check"].astype(str).str.startswith("fwd+bwd")]
     parts = []
     if len(one):
-        parts.append(f"Against a float32 run, the loss and every gradient with our ops pass "
-                     f"{one['passed'].astype(str).eq('True').sum()} of {len(one)} checks (at most "
-                     "twice the error of PyTorch's own bf16 run).")
+        parts.append(f"Against a float32 run, the model with our ops passes "
+                     f"{one['passed'].astype(str).eq('True').sum()} of {len(one)} checks of its "
+                     "outputs and gradients (at most twice the error of PyTorch's own bf16 run).")
     train = D.load_csv(folder, "model_train")
     if len(train) and {"torch_distance", "triton_distance"} <= set(train):
         worst_t, worst_o = train["torch_distance"].max(), train["triton_distance"].max()

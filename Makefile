@@ -72,14 +72,16 @@ test-all: setup ## every correctness test: the whole matrix of shapes, dtypes an
 
 bench: setup ## GPU: the sweeps of GRID (book, full or smoke) and their tail steps into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
-	@$(call timed,sweep,-m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(BENCH_ARGS))
+	@$(call timed,sweep,-m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(if $(TAIL),--warm-tail) $(BENCH_ARGS))
 	@# Seed 002's own protocol (the attention chapter shows its CSV), launch costs, GPT-2.
-	@if [ -z "$(BENCH_ARGS)" ] && [ "$(GRID)" != smoke ]; then \
+	@if [ -n "$(TAIL)" ]; then \
 	  $(call timed,seed002,-m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT)) && \
 	  $(call timed,launch_cost,-m triton_fusion_report.analysis.bench.launch_cost --out $(BENCH_OUT)/launch_cost.csv) && \
 	  $(call timed,model_check,-m triton_fusion_report.analysis.bench.model_check --out $(BENCH_OUT)); fi
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
+# The steps after the sweep run with the whole grid of book or full, not a part or the smoke grid.
+TAIL = $(if $(BENCH_ARGS),,$(filter-out smoke,$(GRID)))
 # $(call timed,NAME,ARGS): run the Python module command ARGS and print its wall time.
 timed = t=$$(date +%s); $(RUN_PY) $(2) && echo "bench: $(1) $$(( $$(date +%s) - t )) s"
 

@@ -1363,8 +1363,8 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
 
 
 def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):
-    """The warm-up calls each Triton and default torch.compile variant (and its graph_fn) once,
-    none of the searching baselines, and turns off every disk copy of a tuning choice."""
+    """The warm-up calls each Triton, torch.compile and peer variant (and its graph_fn) once,
+    and turns off every disk copy of a tuning choice."""
     from types import SimpleNamespace
 
     from triton_fusion_report.analysis.bench import warm
@@ -1379,6 +1379,7 @@ def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):
     assert sorted(called) == sorted(v.impl for v in problem.variants if v.impl in warm.WARMED)
     assert set(called) <= set(warm.WARMED) and "torch_compile" in called
     monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    monkeypatch.setenv("FLAGGEMS_DB_URL", "")  # restored after the test
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(inductor_config, "autotune_local_cache", True)
@@ -1386,6 +1387,9 @@ def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):
     from triton import knobs
 
     assert not knobs.autotuning.cache and not inductor_config.autotune_local_cache
+    assert __import__("os").environ["FLAGGEMS_DB_URL"] == "sqlite:///:memory:"
+    with warm.no_cached_graph():  # around a max-autotune graph, whose pick it holds
+        assert not inductor_config.fx_graph_cache
 
 
 @FULL

@@ -52,6 +52,9 @@ def parse(argv=None):
                          "variants before the timed sweep, on one GPU (analysis/bench/warm.py; "
                          "default -1: half the CPUs, at most 8, and none on the CPU or with "
                          "several workers; 0: none)")
+    ap.add_argument("--warm-tail", action="store_true",
+                    help="the warming processes also make the first calls of the steps `make "
+                         "bench` runs after the sweep (the GPT-2 check, the launch costs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--resume", action="store_true",
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
             if args.warm > 0:
                 from . import warm
 
-                took = warm.run(args, problems, args.warm)
+                took = warm.run(args, problems, args.warm, tail=args.warm_tail)
                 print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes)",
                       flush=True)
             paths = measure(args, problems, args.out, torch.device(args.device))

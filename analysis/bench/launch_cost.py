@@ -35,7 +35,7 @@ from ...kernels.families import softmax_matmul as sv
 from .machine import run_metadata
 from .timing import graph_ms
 
-N_CALLS = 200
+N_CALLS = 100
 
 
 @triton.jit
@@ -172,6 +172,17 @@ def cases(dev):
 
 
 TRIALS = 3
+
+
+def warm(dev, _=None) -> None:
+    """Every case's first call (make bench's warming processes: compiles into the disk caches)."""
+    for _, _, impls in cases(dev):
+        for fn in impls.values():
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - measure() records what fails
+                pass
+    torch.cuda.synchronize(dev)
 
 
 def measure(dev, trials: int = TRIALS) -> list[dict]:

@@ -6,15 +6,19 @@ problem's own inputs (same shapes, dtypes and strides, so the same specialisatio
 Triton's and Inductor's disk caches; the timed sweep, one process alone on the GPU as before,
 then loads the compiled kernels instead of compiling them.
 
-Nothing chosen under the workers' contention is kept: they store no tuning choice (Triton's and
-our tuner's disk copies are off in them, as is Inductor's autotuning cache), so every choice the
-timed rows run is made by the timed process alone. The baselines that search (max-autotune, the
-peer libraries' autotuners) are not warmed: their searches time candidates. Nothing a worker
-does reaches the results: a variant that fails here fails (or not) again in the timed sweep,
-which records it.
+The searching baselines are warmed too: max-autotune's candidate kernels and the peer libraries'
+kernels land in Triton's cache, so the timed process searches (times the candidates) without
+compiling them. Nothing chosen under the workers' contention is kept: they store no tuning choice
+(Triton's, our tuner's and FlagGems' disk copies are off in them, as is Inductor's autotuning
+cache), and a max-autotune graph, which holds its search's pick, is not cached either; every
+choice the timed rows run is made by the timed process alone. With `tail`, the workers also make
+the first calls of the steps after the sweep (the GPT-2 check's compiled models, the launch-cost
+cases), the longest jobs, taken first. Nothing a worker does reaches the results: a variant that
+fails here fails (or not) again in the timed sweep, which records it.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import sys
@@ -24,9 +28,15 @@ import torch
 
 from .families import select_problems
 
-# The implementations whose first call compiles without timing anything that is kept.
-WARMED = ("triton_unfused", "triton_fused", "torch_compile")
+# The implementations whose first call compiles (and, for the searching ones, times candidates
+# whose pick is not kept).
+WARMED = ("triton_unfused", "triton_fused", "torch_compile", "torch_compile_max", "liger",
+          "flag_gems")
 MAX_WORKERS = 8
+# The first calls of the steps after the sweep, as (module of analysis.bench, argument of its
+# warm): one job per compiled GPT-2, the longest jobs.
+TAIL = (("model_check", "torch_compile"), ("model_check", "torch_compile_triton_head"),
+        ("model_check", "triton_fused"), ("launch_cost", None))
 
 
 def default_workers() -> int:
@@ -39,10 +49,22 @@ def no_kept_choices() -> None:
     """This process keeps no tuning choice on disk: Triton's autotuner cache and our tuner's
     (both follow TRITON_CACHE_AUTOTUNING), Inductor's autotuning results."""
     os.environ["TRITON_CACHE_AUTOTUNING"] = "0"
+    os.environ["FLAGGEMS_DB_URL"] = "sqlite:///:memory:"  # FlagGems' tuned configs
     import torch._inductor.config as inductor_config
 
     inductor_config.autotune_local_cache = False
     inductor_config.autotune_remote_cache = False
+
+
+def no_cached_graph():
+    """Inductor and AOTAutograd cache no compiled graph: a max-autotune graph holds its pick."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
 
 
 def warm_problem(problem, device: torch.device) -> int:
@@ -60,7 +82,9 @@ def warm_problem(problem, device: torch.device) -> int:
             if fn is None:
                 continue
             try:
-                fn(*inputs)
+                with no_cached_graph() if variant.impl == "torch_compile_max" else \
+                        contextlib.nullcontext():
+                    fn(*inputs)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 ran += 1
@@ -77,7 +101,10 @@ def _worker(args, queue, done) -> None:
     device = torch.device(args.device)
     problems = select_problems(args)
     while (i := queue.get()) is not None:
-        warm_problem(problems[i], device)
+        if isinstance(i, tuple):
+            warm_tail(*i, device)
+        else:
+            warm_problem(problems[i], device)
         with done.get_lock():
             done.value += 1
     if mp.parent_process() is not None:  # as workers.py: skip a teardown that can abort
@@ -86,20 +113,37 @@ def _worker(args, queue, done) -> None:
         os._exit(0)
 
 
+def warm_tail(step: str, arg, device: torch.device) -> None:
+    """The first calls of a tail step (a TAIL entry): analysis.bench.<step>.warm(device, arg)."""
+    import importlib
+
+    try:
+        importlib.import_module(f"{__package__}.{step}").warm(device, arg)
+    except Exception as exc:  # noqa: BLE001 - the step itself records what fails
+        print(f"warm: {step} {arg}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _key(p) -> tuple:
     return (p.family, p.op, p.precision, tuple(sorted(p.shape.items())))
 
 
-def run(args, problems, workers: int) -> float:
-    """Warm `problems` (those the timed sweep will measure) in `workers` processes, each of
-    which rebuilds the grid and takes problems by their index in it; the seconds it took."""
+def run(args, problems, workers: int, tail: bool = False) -> float:
+    """Warm `problems` (those the timed sweep will measure), and with `tail` the TAIL steps, in
+    `workers` processes, each of which rebuilds the grid and takes problems by their index in
+    it; the seconds it took."""
     t0 = time.perf_counter()
     where = {_key(p): i for i, p in enumerate(select_problems(args))}
     todo = [where[_key(p)] for p in problems if any(v.impl in WARMED for v in p.variants)]
-    sizes = {where[_key(p)]: len(p.variants) for p in problems}
+    # Longest first, so that no long one starts last: max-autotune's, then by variants.
+    cost = {where[_key(p)]: (any(v.impl == "torch_compile_max" for v in p.variants),
+                             len(p.variants)) for p in problems}
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     queue, done = ctx.Queue(), ctx.Value("i", 0)
-    for i in sorted(todo, key=lambda i: -sizes[i]):  # largest first: no long one starts last
+    todo = [*(TAIL if tail else ()), *sorted(todo, key=lambda i: cost[i], reverse=True)]
+    for i in todo:
         queue.put(i)
     for _ in range(workers):
         queue.put(None)

@@ -65,10 +65,10 @@ $(VENV)/.installed: requirements.txt
 	@touch $@
 
 test: setup ## fast correctness tests: every op and kernel path on the fewest shapes (GPU if present, else the interpreter)
-	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 8 -m "not full" tests
+	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 16 -m "not full" tests
 
 test-all: setup ## every correctness test: the whole matrix of shapes, dtypes and options (what CI runs)
-	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 8 tests
+	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 16 tests
 
 bench: setup ## GPU: the sweeps of GRID (book, full or smoke) and their tail steps into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }

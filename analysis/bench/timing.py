@@ -134,7 +134,7 @@ def peak_mib(fn, device: torch.device) -> float | None:
     return peak / 2**20
 
 
-def graph_ms(fn, device: torch.device) -> float | None:
+def graph_ms(fn, device: torch.device, rep_ms: float = 20) -> float | None:
     """Median time per call replaying a CUDA graph of many calls (triton's do_bench_cudagraph):
     the host's launch overhead taken out. No L2 flush between calls, so inputs smaller than the L2
     stay there: this is the GPU-side cost of a call in a stream of work, not a cold call. None where
@@ -144,7 +144,7 @@ def graph_ms(fn, device: torch.device) -> float | None:
     from triton.testing import do_bench_cudagraph
 
     try:
-        return float(do_bench_cudagraph(fn, rep=20, return_mode="median"))
+        return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     except Exception:  # noqa: BLE001 - not capturable (host sync, dynamic allocation, ...)
         torch.cuda.synchronize(device)
         return None

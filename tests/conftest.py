@@ -89,6 +89,16 @@ def _no_tuning_on_disk(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_warming_processes(monkeypatch):
+    """The bench's command line, called by the pipeline tests, spawns no compiling processes
+    before its sweep (the default on one GPU: eight processes that each start torch, for a toy
+    grid); tests/test_analysis.py tests them by name."""
+    from triton_fusion_report.analysis.bench import warm
+
+    monkeypatch.setattr(warm, "default_workers", lambda: 0)
+
+
+@pytest.fixture(autouse=True)
 def _poison_outputs():
     """Every kernel output starts as NaN, so an element a kernel fails to write fails the test."""
     from triton_fusion_report.kernels import poisoned_outputs

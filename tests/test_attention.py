@@ -577,6 +577,23 @@ def test_warp_specialised_kernel(dtype, shape, kv_heads, sm_scale, lse, device):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
+def test_a_problem_under_tma_from_flops_is_not_tuned(device, monkeypatch):
+    """Below TMA_FROM_FLOPS (a few us of work: configs differ by less than a launch's host
+    time) the GPU's default path takes default_config without timing a candidate."""
+    def never(fn):
+        raise AssertionError("a small problem was tuned")
+
+    for name, value in (("interpreting", lambda: False), ("_bench", never), ("_TUNED", {}),
+                        ("_PLANS", {}), ("_TUNED_PLANS", {}), ("TMA_FROM_FLOPS", 2**32)):
+        monkeypatch.setattr(at, name, value)
+    q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
+    for causal in (False, True):
+        assert rel_err(kernels.attention(q, k, v, causal=causal), ref64(q, k, v, causal)) <= \
+            FUSED_TOL[torch.float16]
+    assert at._TUNED == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
 def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
     """Where _attn_fwd_ws applies it is one more candidate of the tuning; chosen (here by a
     timing that makes it the fastest), the first call and the steady path after it run it."""

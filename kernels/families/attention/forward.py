@@ -456,7 +456,9 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
         consts["MODE"] = 1 if strided else 0
     elif small and contiguous:
         consts["MODE"] = 2  # _attn_fwd without descriptors; otherwise _attn_fwd_pointers
-    if not interpreting() and all(p is None for p in options):
+    # Tuned where the work is larger than what a launch costs the host; below it the configs
+    # differ by less than that, and timing them would cost a first call seconds.
+    if not interpreting() and all(p is None for p in options) and not small:
         ws = host and _ws_applies(q, k, v, causal, strided)
         tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device,
                     host, ws, consts.get("MODE") == 2)

@@ -30,7 +30,7 @@ from ..._checks import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_pow
 from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
 from .backward import BWD_MAX_ONE_TILE, bwd_groups
-from .forward import MAX_ONE_TILE, fwd_launch, run_forward, tuned_launch
+from .forward import MAX_ONE_TILE, TUNE_FROM_BYTES, fwd_launch, run_forward, tuned_launch
 from ..._autograd import _PLAIN, NS, _direct, _empty_like_rows, _no_double_backward
 from . import backward as _lnb
 
@@ -164,8 +164,10 @@ def _forward_plan(x, weight, bias, eps, block, num_warps, groups):
     how = fwd_launch(x.dtype, x.device, n_rows, n_cols, x_row_stride, n_cols,
                      weight is not None, bias is not None, block, num_warps)
     # The default plan is tuned on the GPU it runs on (not while a CUDA graph is captured, nor
-    # for tracing's fake tensors: they take fwd_plan's first guess).
+    # for tracing's fake tensors, nor below TUNE_FROM_BYTES, where a launch's host time is
+    # longer than the kernel: they take fwd_plan's first guess).
     if (block is None and num_warps is None and x.is_cuda and not interpreting()
+            and n_rows * n_cols * x.element_size() >= TUNE_FROM_BYTES
             and not is_fake(x) and not torch.cuda.is_current_stream_capturing()):
         how = tuned_launch(x, n_rows, n_cols, x_row_stride, weight, bias, how)
     return n_rows, n_cols, x_row_stride, how

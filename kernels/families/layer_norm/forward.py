@@ -275,6 +275,9 @@ def plan_candidates(plan: _FwdPlan) -> list[_FwdPlan]:
 # two): the H100's register counts give a first guess, but the best tile differs between GPUs
 # (on an H200 fp16 rows of 5120-8192 run 14-25% faster with 4 warps than with fwd_plan's 16).
 _TUNED: dict = {}
+# Inputs smaller than this are not tuned: 4 MiB is ~1.3 us of an H100's bandwidth, less than a
+# launch's host time, so the candidates would differ by less than what timing them measures.
+TUNE_FROM_BYTES = 4 * 2**20
 
 
 def _bench(fn) -> float:

@@ -576,6 +576,34 @@ def test_warp_specialised_kernel(dtype, shape, kv_heads, sm_scale, lse, device):
         assert torch.allclose(lse_out.double(), want, atol=1e-2, rtol=1e-3)
 
 
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon kernel is for sm_90 (no interpreter runs Gluon)")
+@pytest.mark.parametrize("shape, kv, causal, dtype", [
+    ((2, 4, 256, 64), (4, 256), False, torch.float16),
+    ((2, 4, 256, 64), (4, 256), True, torch.float16),
+    ((1, 8, 512, 128), (2, 512), True, torch.bfloat16),  # grouped-query heads
+    ((1, 2, 384, 128), (2, 512), True, torch.float16),  # bottom-right: seq_k - seq_q = 128
+    ((1, 2, 128, 128), (1, 1024), False, torch.bfloat16)])
+def test_gluon_forward_matches_float64(shape, kv, causal, dtype):
+    """tools/gluon_attention.py's forward, output and log-sum-exp, against float64; inputs it
+    does not take are refused with the reason."""
+    from conftest import tool
+
+    ga = tool("gluon_attention")
+    b, h, s, d = shape
+    q = torch.randn(shape, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, kv[0], kv[1], d, device="cuda", dtype=dtype) for _ in range(2))
+    out, lse = ga.attention(q, k, v, causal, return_lse=True)
+    rk, rv = (t.repeat_interleave(h // kv[0], 1) for t in (k, v))
+    assert rel_err(out, ref64(q, rk, rv, causal)) <= FUSED_TOL[dtype]
+    _, want = at.triton_fused(q, rk, rv, causal, return_lse=True)
+    assert (lse - want.reshape(-1)).abs().max() <= 1e-3 * want.abs().max() + 1e-3
+    with pytest.raises(ValueError, match="seq_q a multiple"):
+        ga.attention(q[:, :, :100], k, v)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")
 def test_a_problem_under_tma_from_flops_is_not_tuned(device, monkeypatch):
     """Below TMA_FROM_FLOPS (a few us of work: configs differ by less than a launch's host

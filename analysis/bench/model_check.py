@@ -272,9 +272,9 @@ def warm(device, impl: str) -> None:
     """The first calls of main's `impl` run (make bench's warming processes, one per impl): its
     compiled graphs, or the project's kernels at every shape main runs them, into the disk
     caches."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
         return
     compiled, ops = TIMINGS[impl]
     model = build(device, ops)

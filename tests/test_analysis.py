@@ -1392,6 +1392,26 @@ def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):
         assert not inductor_config.fx_graph_cache
 
 
+def test_warm_tail_steps_name_their_first_calls(monkeypatch):
+    """Each TAIL entry names a tail step module whose warm(device, arg) makes its first calls
+    (the GPT-2 check's takes each compiled variant it times); a step that raises is reported,
+    not fatal."""
+    import importlib
+
+    from triton_fusion_report.analysis.bench import model_check, warm
+
+    called = []
+    for step, arg in warm.TAIL:
+        module = importlib.import_module(f"triton_fusion_report.analysis.bench.{step}")
+        monkeypatch.setattr(module, "warm", lambda device, a, step=step: called.append((step, a)))
+        assert step != "model_check" or arg in model_check.DEFAULT_TIMINGS
+    for entry in warm.TAIL:
+        warm.warm_tail(*entry, torch.device("cpu"))
+    assert called == list(warm.TAIL)
+    monkeypatch.setattr(model_check, "warm", lambda device, a: 1 / 0)
+    warm.warm_tail("model_check", "torch_compile", torch.device("cpu"))  # reported, not raised
+
+
 @FULL
 def test_warm_processes_run_the_smoke_grid(tmp_path):
     """Two spawned processes warm the elementwise smoke grid (the interpreter: the machinery)."""

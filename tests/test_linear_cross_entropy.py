@@ -97,6 +97,16 @@ def test_every_target_ignored_is_nan_as_torch(device):
     assert all(torch.equal(a.grad, torch.zeros_like(a)) for a in leaves)
 
 
+def test_no_rows_give_zero_gradients(device):
+    """No token at all: no chunk runs, and dweight (written by the first chunk otherwise) is
+    zeros, as torch's."""
+    x, w, b, t = _inputs(5, 16, 41, torch.float32, device)
+    leaves = [x[:0].clone().requires_grad_(), w.clone().requires_grad_()]
+    loss = kernels.linear_cross_entropy(*leaves, t[:0], reduction="sum")
+    loss.backward()
+    assert loss.item() == 0 and torch.equal(leaves[1].grad, torch.zeros_like(w))
+
+
 def test_a_retained_graph_backpropagates_again(device):
     """A second backward of a retained graph accumulates the same gradients again (the first
     returns the gradients made in the forward, later ones copies)."""

@@ -170,7 +170,11 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     losses = empty((n,), torch.float32, x.device)
     dx = torch.empty_like(x) if with_grad else None
     # In the weight's dtype (see the module's docstring): a float32 copy would double its size.
-    dw = torch.zeros((padded, hidden), dtype=weight.dtype, device=x.device) if with_grad else None
+    # The first chunk writes it (beta=0), so it needs no zeros but where no chunk runs.
+    dw = None
+    if with_grad:
+        dw = (torch.zeros((padded, hidden), dtype=weight.dtype, device=x.device) if n == 0
+              else empty((padded, hidden), weight.dtype, x.device))
     db = torch.zeros((vocab,), dtype=torch.float32, device=x.device) \
         if with_grad and bias is not None else None
     for start in range(0, n, chunk_rows):
@@ -185,7 +189,7 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
                BLOCK=min(block, max(16, next_pow2(vocab))))
         if with_grad:  # the gradient is in `logits` now, unscaled; the scale is cuBLAS's alpha
             torch.addmm(dx[rows], full, w, beta=0, alpha=scale, out=dx[rows])
-            dw.addmm_(full.t(), xc, alpha=scale)
+            torch.addmm(dw, full.t(), xc, beta=1 if start else 0, alpha=scale, out=dw)
             if db is not None:
                 db += logits.sum(0, dtype=torch.float32)
     loss = losses.sum() * (scale if count or reduction != "mean" else float("nan"))

@@ -148,6 +148,7 @@ def attn_fwd(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qk_scale, SEQ, SEQ_K, H, GROUP
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], bar, q0)
     tma.async_copy_global_to_shared(q_desc, [q_row + BM, 0], bar, q1)
     mbarrier.wait(bar, 0)
+    mbarrier.invalidate(bar)  # its shared memory is reused (the K/V ring)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], kv_l)
     v_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], kv_l)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -170,13 +171,15 @@ def refusal(q, k, v, causal) -> str | None:
         return "not an sm_90 GPU"
     if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
         return "dtype: float16 or bfloat16, the same for q, k, v"
-    if not all(t.dim() == 4 and t.is_contiguous() for t in (q, k, v)):
-        return "contiguous (batch, heads, seq, head_dim) tensors"
+    if not all(t.dim() == 4 for t in (q, k, v)):
+        return "(batch, heads, seq, head_dim) tensors"
     (b, h, s, d), (bk, hk, sk, dk) = q.shape, k.shape
     if v.shape != k.shape or bk != b or dk != d or d not in STAGES or h % hk:
         return "shapes: head_dim 64 or 128, k and v alike, heads a multiple of the kv heads"
-    if s % (2 * BM) or sk % BN or not s:
-        return f"seq_q a multiple of {2 * BM}, seq_k a multiple of {BN}"
+    if s % (2 * BM) or sk % BN or not s or not sk:
+        return f"seq_q a multiple of {2 * BM}, seq_k a multiple of {BN}, neither 0"
+    if not all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)):
+        return "contiguous tensors, 16-byte aligned (what TMA reads)"
     if causal and (s > sk or (sk - s) % BN):
         return f"causal: seq_q <= seq_k, seq_k - seq_q a multiple of {BN}"
     return None

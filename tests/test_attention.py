@@ -586,16 +586,18 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
     ((1, 8, 512, 128), (2, 512), True, torch.bfloat16),  # grouped-query heads
     ((1, 2, 384, 128), (2, 512), True, torch.float16),  # bottom-right: seq_k - seq_q = 128
     ((1, 2, 128, 128), (1, 1024), False, torch.bfloat16)])
-def test_gluon_forward_matches_float64(shape, kv, causal, dtype):
-    """tools/gluon_attention.py's forward, output and log-sum-exp, against float64; inputs it
-    does not take are refused with the reason."""
+@pytest.mark.parametrize("schedule", ["in order", "overlapped", "ping-pong"])
+def test_gluon_forward_matches_float64(shape, kv, causal, dtype, schedule):
+    """tools/gluon_attention.py's forward, each schedule, output and log-sum-exp, against
+    float64; inputs it does not take are refused with the reason."""
     from conftest import tool
 
     ga = tool("gluon_attention")
+    overlap, pingpong = ga.VARIANTS[schedule]
     b, h, s, d = shape
     q = torch.randn(shape, device="cuda", dtype=dtype)
     k, v = (torch.randn(b, kv[0], kv[1], d, device="cuda", dtype=dtype) for _ in range(2))
-    out, lse = ga.attention(q, k, v, causal, return_lse=True)
+    out, lse = ga.attention(q, k, v, causal, return_lse=True, overlap=overlap, pingpong=pingpong)
     rk, rv = (t.repeat_interleave(h // kv[0], 1) for t in (k, v))
     assert rel_err(out, ref64(q, rk, rv, causal)) <= FUSED_TOL[dtype]
     _, want = at.triton_fused(q, rk, rv, causal, return_lse=True)

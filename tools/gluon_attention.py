@@ -44,7 +44,7 @@ LOG2E = 1.4426950408889634
 VARIANTS = {"in order": (False, False), "overlapped": (True, False),
             "ping-pong": (True, True)}
 BM, BN = 64, 128  # queries per consumer warpgroup, keys per tile
-# K/V ring slots per head_dim: 3 x 64 KiB at 128 (+ 32 KiB of Q, 229,576 B of the 232,448 an
+# K/V ring slots per head_dim: 3 x 64 KiB at 128 (+ 32 KiB of Q, 229,584 B of the 232,448 an
 # sm_90 block may have). Overlapped, a consumer holds two slots (V_(j-1), K_j): the third
 # is the one loading.
 STAGES = {64: 4, 128: 3}

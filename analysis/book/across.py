@@ -266,7 +266,8 @@ def counter_table(folders: list) -> pd.DataFrame:
 
 def counter_say(table: pd.DataFrame) -> str:
     if not len(table):
-        return D.lacking("DRAM counter profile")
+        return D.lacking("DRAM counter profile") + (" `make profile` measures one with Nsight "
+                                                    "Compute.")
     gpu = table.columns[2]
     off = (table[gpu] / table["model"] - 1).abs() > AGREE
     why = []

@@ -45,6 +45,8 @@ TIMINGS = {"torch_eager": (False, frozenset()), "torch_compile": (True, frozense
            "torch_compile_triton": (True, ALL_OPS)}
 DEFAULT_TIMINGS = ["torch_eager", "torch_compile", "triton_fused", "torch_compile_triton_head"]
 STEPS = 20
+# (batch, seq) of the forward + backward check, of the training check, of the timings (default).
+CHECK_SHAPE, TRAIN_SHAPE, TIMING_SHAPE = (4, 1024), (8, 512), (8, 1024)
 LR = 1e-4
 DISTANCE = 1.5  # the project's bf16 loss may stray this many times as far from float32 as torch's
 
@@ -180,7 +182,7 @@ def _rel(a, b) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def check_forward_backward(device, batch=4, seq=1024) -> list[dict]:
+def check_forward_backward(device, batch=CHECK_SHAPE[0], seq=CHECK_SHAPE[1]) -> list[dict]:
     ids = _batch(batch, seq, device)
     ref_loss, ref_grads = _forward_backward(build(device), ids, autocast=False)
     errs = {}
@@ -198,8 +200,8 @@ def check_forward_backward(device, batch=4, seq=1024) -> list[dict]:
     return rows
 
 
-def train_losses(device, ops=frozenset(), autocast=True, steps=STEPS, batch=8, seq=512,
-                 lr=LR) -> list[float]:
+def train_losses(device, ops=frozenset(), autocast=True, steps=STEPS, batch=TRAIN_SHAPE[0],
+                 seq=TRAIN_SHAPE[1], lr=LR) -> list[float]:
     model = build(device, ops)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
@@ -280,7 +282,8 @@ def warm(device, impl: str) -> None:
     model = build(device, ops)
     fn = functools.partial(loss_of, model)
     fn = torch.compile(fn) if compiled else fn
-    shapes = [(8, 1024)] + ([(4, 1024), (8, 512)] if ops == ALL_OPS and not compiled else [])
+    shapes = [TIMING_SHAPE] + ([CHECK_SHAPE, TRAIN_SHAPE] if ops == ALL_OPS and not compiled
+                               else [])
     for batch, seq in shapes:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = fn(_batch(batch, seq, device))
@@ -300,8 +303,8 @@ def main(argv=None) -> int:
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=TIMING_SHAPE[0])
+    ap.add_argument("--seq", type=int, default=TIMING_SHAPE[1])
     ap.add_argument("--timings", nargs="+", choices=list(TIMINGS), default=DEFAULT_TIMINGS)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -336,7 +339,7 @@ def main(argv=None) -> int:
     worst = {k: max(r[f"{k}_distance"] for r in train_rows) for k in ("torch", "triton")}
     within = sum(r["triton_distance"] <= DISTANCE * r["torch_distance"] for r in train_rows)
     rows.append(dict(meta, kind="check", check=f"{STEPS} training steps: distance to float32",
-                     batch=8, seq=512, torch_err=worst["torch"], triton_err=worst["triton"],
+                     batch=TRAIN_SHAPE[0], seq=TRAIN_SHAPE[1], torch_err=worst["torch"], triton_err=worst["triton"],
                      limit=DISTANCE * worst["torch"], steps_within=within,
                      passed=worst["triton"] <= DISTANCE * worst["torch"]))
     print(f"training: losses {f32[0]:.3f} -> {f32[-1]:.3f} (float32), {bf16[-1]:.3f} (torch "

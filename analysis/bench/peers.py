@@ -26,24 +26,35 @@ class Missing(NotImplementedError):
 
 
 @functools.cache
-def _load(impl: str):
-    """(module, version label) of a peer library, or (None, why not)."""
+def _version(impl: str):
+    """(installed version or None, label or why not), from the package metadata alone: building
+    the grid imports no peer (FlagGems and Liger take seconds to import, in every process)."""
     module, dist, pinned = PINNED[impl]
     try:
         version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None, f"{dist} is not installed (pip install {dist}=={pinned})"
+    return version, f"{dist} {version}" + ("" if version == pinned else f" (pinned: {pinned})")
+
+
+@functools.cache
+def _load(impl: str):
+    """(module, version label) of a peer library, or (None, why not); imported at its first use."""
+    version, text = _version(impl)
+    if version is None:
+        return None, text
+    module, dist, _ = PINNED[impl]
     try:
-        mod = importlib.import_module(module)
+        return importlib.import_module(module), text
     except Exception as exc:  # noqa: BLE001 - e.g. no GPU for its device detection
         return None, f"{dist} {version} does not import here: {type(exc).__name__}: {exc}"[:300]
-    label = f"{dist} {version}" + ("" if version == pinned else f" (pinned: {pinned})")
-    return mod, label
 
 
 def label(impl: str) -> str | None:
-    mod, text = _load(impl)
-    return text if mod is not None else None
+    """The installed version's label (None where it is not installed); a library that is
+    installed but does not import is found at its rows' first call, which record why."""
+    version, text = _version(impl)
+    return text if version is not None else None
 
 
 def _need(impl: str):

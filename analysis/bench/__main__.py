@@ -116,9 +116,9 @@ def main(argv=None) -> int:
             if args.warm > 0:
                 from . import warm
 
-                took = warm.run(args, problems, args.warm, tail=args.warm_tail)
-                print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes)",
-                      flush=True)
+                took, longest = warm.run(args, problems, args.warm, tail=args.warm_tail)
+                print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes; "
+                      f"{longest})", flush=True)
             paths = measure(args, problems, args.out, torch.device(args.device))
     finally:
         os.close(held)

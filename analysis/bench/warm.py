@@ -96,15 +96,21 @@ def warm_problem(problem, device: torch.device) -> int:
     return ran
 
 
-def _worker(args, queue, done) -> None:
+def _worker(args, queue, done, times) -> None:
+    t0 = time.perf_counter()
     no_kept_choices()
     device = torch.device(args.device)
     problems = select_problems(args)
+    times.put(("start", time.perf_counter() - t0))
     while (i := queue.get()) is not None:
+        t0 = time.perf_counter()
         if isinstance(i, tuple):
             warm_tail(*i, device)
+            name = " ".join(str(a) for a in i if a is not None)
         else:
             warm_problem(problems[i], device)
+            name = f"{problems[i].op} {problems[i].shape}"
+        times.put((name, time.perf_counter() - t0))
         with done.get_lock():
             done.value += 1
     if mp.parent_process() is not None:  # as workers.py: skip a teardown that can abort
@@ -130,10 +136,10 @@ def _key(p) -> tuple:
     return (p.family, p.op, p.precision, tuple(sorted(p.shape.items())))
 
 
-def run(args, problems, workers: int, tail: bool = False) -> float:
+def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     """Warm `problems` (those the timed sweep will measure), and with `tail` the TAIL steps, in
     `workers` processes, each of which rebuilds the grid and takes problems by their index in
-    it; the seconds it took."""
+    it; (the seconds it took, a line naming the longest jobs and a process's start-up)."""
     t0 = time.perf_counter()
     where = {_key(p): i for i, p in enumerate(select_problems(args))}
     todo = [where[_key(p)] for p in problems if any(v.impl in WARMED for v in p.variants)]
@@ -141,17 +147,19 @@ def run(args, problems, workers: int, tail: bool = False) -> float:
     cost = {where[_key(p)]: (any(v.impl == "torch_compile_max" for v in p.variants),
                              len(p.variants)) for p in problems}
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    queue, done = ctx.Queue(), ctx.Value("i", 0)
+    queue, done, times = ctx.Queue(), ctx.Value("i", 0), ctx.Queue()
     todo = [*(TAIL if tail else ()), *sorted(todo, key=lambda i: cost[i], reverse=True)]
     for i in todo:
         queue.put(i)
     for _ in range(workers):
         queue.put(None)
-    procs = [ctx.Process(target=_worker, args=(args, queue, done)) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(args, queue, done, times)) for _ in range(workers)]
     for p in procs:
         p.start()
-    last = -1
-    while any(p.is_alive() for p in procs):
+    last, took = -1, []
+    while any(p.is_alive() for p in procs) or not times.empty():
+        while not times.empty():
+            took.append(times.get())
         time.sleep(1)
         if done.value != last and not args.no_progress:
             last = done.value
@@ -163,4 +171,8 @@ def run(args, problems, workers: int, tail: bool = False) -> float:
     for k, p in enumerate(procs):
         if p.exitcode != 0:  # not fatal: the timed sweep compiles what this one did not
             print(f"warm: process {k} exited with {p.exitcode}", file=sys.stderr)
-    return time.perf_counter() - t0
+    starts = [t for name, t in took if name == "start"]
+    jobs = sorted((t, name) for name, t in took if name != "start")[::-1][:3]
+    longest = (f"a process's start {max(starts):.0f} s; longest: " if starts else "longest: ") \
+        + ", ".join(f"{name[:60]} {t:.0f} s" for t, name in jobs)
+    return time.perf_counter() - t0, longest

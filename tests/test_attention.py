@@ -5,7 +5,7 @@ import torch
 
 from triton_fusion_report import kernels
 
-from conftest import TOL, fast_cases, full, rel_err
+from conftest import DEVICE, TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels import _plans
 from triton_fusion_report.kernels.families.attention import forward as at
@@ -613,21 +613,250 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
     ((1, 2, 128, 128), (1, 1024), False, torch.bfloat16)])
 @pytest.mark.parametrize("schedule", ["ping-pong", *full("in order", "overlapped")])
 def test_gluon_forward_matches_float64(shape, kv, causal, dtype, schedule):
-    """tools/gluon_attention.py's forward, each schedule, output and log-sum-exp, against
+    """The Gluon forward (kernels/families/attention/gluon.py), each schedule, output and
+    log-sum-exp (against the `tl` kernels'), every element written (poisoned first), against
     float64; inputs it does not take are refused with the reason."""
-    from conftest import tool
+    from triton_fusion_report.kernels.families.attention import gluon
 
-    ga = tool("gluon_attention")
-    overlap, pingpong = ga.VARIANTS[schedule]
-    b, _, _, d = shape
+    overlap, pingpong = gluon.VARIANTS[schedule]
+    b, h, s, d = shape
     q = torch.randn(shape, device="cuda", dtype=dtype)
     k, v = (torch.randn(b, kv[0], kv[1], d, device="cuda", dtype=dtype) for _ in range(2))
-    out, lse = ga.attention(q, k, v, causal, return_lse=True, overlap=overlap, pingpong=pingpong)
+    assert gluon.applies(q, k, v, causal)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((b * h, s), float("nan"), device="cuda")
+    gluon.launch(q, k, v, out, lse, at.default_scale(d), causal, overlap=overlap,
+                 pingpong=pingpong)
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[dtype]
-    _, want = at.triton_fused(q, k, v, causal, return_lse=True)
-    assert (lse - want.reshape(-1)).abs().max() <= 1e-3 * want.abs().max() + 1e-3
+    _, want = at.triton_fused(q, k, v, causal, return_lse=True, _kernel="tl")
+    assert (lse - want).abs().max() <= 1e-3 * want.abs().max() + 1e-3
     with pytest.raises(ValueError, match="seq_q a multiple"):
-        ga.attention(q[:, :, :100], k, v)
+        gluon.launch(q[:, :, :100], k, v, out, None, 0.1, False)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon kernel is for sm_90 (no interpreter runs Gluon)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_forward_feeds_the_tl_backward(causal):
+    """The log-sum-exp of a Gluon forward (forced, as the bench forces it) is the one the
+    backward reads: gradients from it, grouped heads and a KV cache longer than the queries,
+    against float64."""
+    from triton_fusion_report.kernels.families.attention import backward as fab
+
+    q = torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 384, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = at.triton_fused(q, k, v, causal, return_lse=True, _kernel="gluon")
+    assert lse.shape == (4, 256) and lse.dtype == torch.float32
+    got = fab.attention_backward(q, k, v, out, lse, dout, causal, at.default_scale(64))
+    want = _grads(lambda a, b, c: at.reference(a, b, c, causal),
+                  *(t.double() for t in (q, k, v)), dout.double())
+    for g, w in zip(got, want):
+        assert rel_err(g, w) <= 2 * FUSED_TOL[torch.bfloat16]
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon kernel is for sm_90 (no interpreter runs Gluon)")
+def test_tuning_may_pick_the_gluon_kernel_on_hopper(monkeypatch):
+    """Where the Gluon forward applies it is one of the tuning's candidates; chosen (here by a
+    timing that makes it the fastest), the first call and the steady path after it launch it,
+    with and without the log-sum-exp, and agree with float64."""
+    launched = []
+    real_launch = at.launch
+
+    def counting(kernel, *args, **kwargs):
+        launched.append(kernel)
+        return real_launch(kernel, *args, **kwargs)
+
+    def gluon_fastest(fn):
+        before = len(launched)
+        fn()
+        return 0.5 if at._gluon.attn_fwd in launched[before:] else 1.0
+
+    for name, value in (("launch", counting), ("_bench", gluon_fastest), ("_TUNED", {}),
+                        ("_PLANS", {}), ("_TUNED_PLANS", {})):
+        monkeypatch.setattr(at, name, value)
+    q, k, v = qkv((2, 16, 1024, 128), torch.float16, "cuda")
+    for causal in (False, True):
+        plan = at._plan(q, k, v, causal, 0.1, (None,) * 4, False)
+        assert plan.gluon and plan.tune_key[-1] is True
+        for steady in (False, True):  # the first call (it tunes), then the steady path
+            launched.clear()
+            out, lse = at.triton_fused(q, k, v, causal, return_lse=True)
+            assert launched[-1] is at._gluon.attn_fwd and (len(launched) == 1 or not steady)
+            assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+            _, want = at.triton_fused(q, k, v, causal, return_lse=True, _kernel="tl")
+            assert (lse - want).abs().max() <= 1e-3 * want.abs().max() + 1e-3
+    assert {cfg for key, cfg in at._TUNED.items() if key[-1]} == {at.GLUON_CONFIG}
+
+
+def _gluon_inputs(q_shape=(1, 4, 128, 64), kv_shape=(1, 2, 256, 64), dtype=torch.float16):
+    q = torch.randn(q_shape, dtype=dtype)
+    k, v = (torch.randn(kv_shape, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
+def test_gluon_refuses_what_it_does_not_take(monkeypatch):
+    """gluon.applies on CPU tensors, with the device's capability given: the inputs it takes
+    (sm_90, float16/bfloat16, head_dim 64 or 128, lengths in whole tiles, contiguous and
+    aligned, causal with no more queries than keys), and each condition refused with its reason."""
+    from triton_fusion_report.kernels.families.attention import gluon
+
+    monkeypatch.setattr(gluon, "interpreting", lambda: False)
+    q, k, v = _gluon_inputs()
+    for causal in (False, True):
+        assert gluon.applies(q, k, v, causal, capability=(9, 0))
+    assert gluon.applies(*_gluon_inputs((2, 2, 256, 128), (2, 2, 256, 128), torch.bfloat16), True,
+                         capability=(9, 0))
+    buf = torch.randn(q.numel() + 1, dtype=torch.float16)
+    refused = {
+        "not an sm_90 GPU": [(q, k, v, False, (8, 0)), (q, k, v, False, (10, 0)),
+                             (q, k, v, False, (8, 9)), (q, k, v, False, None)],  # None: a CPU
+        "dtype": [(*_gluon_inputs(dtype=torch.float32), False, (9, 0)),
+                  (q, k.bfloat16(), v.bfloat16(), False, (9, 0))],
+        "batch, heads, seq, head_dim": [(q[0], k[0], v[0], False, (9, 0))],
+        "head_dim 64 or 128": [(*_gluon_inputs((1, 4, 128, 32), (1, 2, 256, 32)), False, (9, 0)),
+                               (*_gluon_inputs((1, 4, 128, 80), (1, 2, 256, 80)), False, (9, 0)),
+                               (*_gluon_inputs((1, 4, 128, 64), (1, 3, 256, 64)), False, (9, 0)),
+                               (q, k, v[:, :, :128], False, (9, 0))],
+        "seq_q a multiple": [(*_gluon_inputs((1, 4, 100, 64)), False, (9, 0)),
+                             (*_gluon_inputs(kv_shape=(1, 2, 200, 64)), False, (9, 0)),
+                             (*_gluon_inputs((0, 4, 128, 64), (0, 2, 256, 64)), False, (9, 0))],
+        "contiguous": [(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, (9, 0)),
+                       (buf[1:].view(q.shape), k, v, False, (9, 0))],  # 2 bytes off
+        "causal: seq_q <= seq_k": [(*_gluon_inputs((1, 4, 384, 64)), True, (9, 0))],
+    }
+    for words, cases in refused.items():
+        for *tensors, causal, capability in cases:
+            why = gluon.refusal(*tensors, causal, capability=capability)
+            assert why is not None and words in why, (words, why)
+            assert not gluon.applies(*tensors, causal, capability=capability)
+    assert gluon.applies(*_gluon_inputs((1, 4, 384, 64)), False, capability=(9, 0))
+    monkeypatch.setattr(gluon, "interpreting", lambda: True)
+    assert "interpreter" in gluon.refusal(q, k, v, False, capability=(9, 0))
+    monkeypatch.setattr(gluon, "MISSING", "this Triton has no Gluon")
+    assert "no Gluon" in gluon.refusal(q, k, v, False, capability=(9, 0))
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0),
+                    reason="off sm_90 only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_plan_off_sm90_never_picks_gluon(causal, device, monkeypatch):
+    """Inputs the Gluon forward would take on an H100, on this device (a CPU under the
+    interpreter, or a GPU other than sm_90): neither the interpreter's fixed config nor the GPU's
+    tuning (here with the timing replaced by one run) has it among its candidates, and forcing it
+    is refused, as the bench records it (unsupported)."""
+    from triton_fusion_report.analysis.bench.sweep import classify
+
+    q, k, v = qkv((1, 2, 128, 64), torch.float16, device)
+    assert not at._gluon.applies(q, k, v, causal)
+    plan = at._plan(q, k, v, causal, 0.125, (None,) * 4, False)
+    assert not plan.gluon and plan.cfg != at.GLUON_CONFIG
+    with pytest.raises(ValueError, match="Gluon") as refused:
+        at.triton_fused(q, k, v, causal, _kernel="gluon")
+    assert classify(refused.value) == "unsupported"
+    timed = []
+    real_tune = at._tune
+
+    def recorded(key, seq, run, device_, ws=False, gluon=False):
+        timed.append(gluon)
+        return real_tune(key, seq, run, device_, ws, gluon)
+
+    for name, value in (("interpreting", lambda: False), ("_bench", lambda fn: 1.0),
+                        ("_TUNED", {}), ("_PLANS", {}), ("_TUNED_PLANS", {}), ("_tune", recorded),
+                        ("TMA_FROM_FLOPS", 0)):
+        monkeypatch.setattr(at, name, value)
+    plan = at._plan(q, k, v, causal, 0.125, (None,) * 4, False)
+    assert plan.tune_key is not None and not plan.gluon and plan.tune_key[-1] is False
+    out = kernels.attention(q, k, v, causal=causal)
+    assert timed == [False] and at.GLUON_CONFIG not in at._TUNED.values()
+    assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real kernel")
+def test_tuning_may_pick_the_gluon_kernel(device, monkeypatch):
+    """The plan's plumbing for the Gluon candidate under the interpreter, which runs no Gluon:
+    `applies` replaced (true), and its launch by one that writes the float64 result from the
+    arguments it is given (so they are checked: tensors, the base-2 scale, the lengths and
+    heads). Chosen by a timing that makes it the fastest, the first call and the steady path
+    after it launch it, the tune key says so, and forcing `tl` tunes without it."""
+    from triton_fusion_report.kernels.families.attention import gluon
+
+    real_launch = at.launch
+    gluon_runs, runs, timing = [], [], []
+
+    def launch(kernel, grid, *args, **kwargs):
+        if kernel is not gluon.attn_fwd:  # the `tl` kernels run, but for the timing's runs
+            return None if timing else real_launch(kernel, grid, *args, **kwargs)
+        q_, k_, v_, out, lse, qk_scale, seq, seq_k, heads, group, rows_q, rows_k = args
+        assert grid == (seq // (2 * gluon.BM), q_.shape[0] * heads)
+        assert (seq, seq_k, heads, group) == (q_.shape[2], k_.shape[2], q_.shape[1],
+                                              q_.shape[1] // k_.shape[1])
+        assert rows_q == q_.numel() // q_.shape[-1] and rows_k == k_.numel() // k_.shape[-1]
+        scale = qk_scale / gluon.LOG2E
+        out.copy_(at.reference(q_, k_, v_, kwargs["CAUSAL"], scale))
+        if kwargs["STORE_LSE"]:
+            kr = k_.double().repeat_interleave(group, 1)
+            s = (q_.double() @ kr.transpose(-1, -2)) * scale
+            if kwargs["CAUSAL"]:
+                keep = torch.ones(seq, seq_k, dtype=torch.bool).tril(seq_k - seq)
+                s = s.masked_fill(~keep, float("-inf"))
+            lse.copy_((torch.logsumexp(s, -1) / math.log(2)).reshape(lse.shape))
+        gluon_runs.append(1)
+
+    def gluon_fastest(fn):
+        before = len(gluon_runs)
+        timing.append(1)
+        fn()
+        timing.pop()
+        runs.append(1)
+        return 0.5 if len(gluon_runs) > before else 1.0
+
+    for name, value in (("interpreting", lambda: False), ("_bench", gluon_fastest),
+                        ("_TUNED", {}), ("_PLANS", {}), ("_TUNED_PLANS", {}), ("launch", launch),
+                        ("TMA_FROM_FLOPS", 0)):
+        monkeypatch.setattr(at, name, value)
+    monkeypatch.setattr(gluon, "applies", lambda q, k, v, causal, capability=None: True)
+    q = torch.randn(1, 4, 128, 64, device=device, dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 256, 64, device=device, dtype=torch.float16) for _ in range(2))
+    plan = at._plan(q, k, v, True, 0.125, (None,) * 4, False)
+    assert plan.gluon and plan.tune_key[-1] is True
+    out = kernels.attention(q, k, v, causal=True)
+    # six CONFIGS (no 128-row one pruned: 128 queries) and GLUON_CONFIG, each timed every round
+    assert list(at._TUNED.values()) == [at.GLUON_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
+    assert rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.float16]
+    for _ in range(2):  # the steady path, with the log-sum-exp as the backward takes it
+        n = len(gluon_runs)
+        out, lse = at.triton_fused(q, k * 0.5, v, True, return_lse=True)
+        assert len(gluon_runs) == n + 1 and lse.shape == (4, 128) and lse.dtype == torch.float32
+        assert rel_err(out, ref64(q, k * 0.5, v, True)) <= FUSED_TOL[torch.float16]
+    n = len(gluon_runs)
+    out = at.triton_fused(q, k, v, True, _kernel="tl")
+    assert len(gluon_runs) == n and rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.float16]
+    assert at._plan(q, k, v, True, 0.125, (None,) * 4, False, "tl").tune_key[-1] is False
+
+
+def test_bench_times_each_forward_kernel_alone():
+    """The bench's attention grid has, at its kernel shapes, the forward with the Gluon kernel
+    and with the `tl` kernels forced (sweep "kernel", variant "gluon" / "tl"); on this device
+    the `tl` one matches float64 and the Gluon one is refused where it does not apply."""
+    from triton_fusion_report.analysis.bench import attention as bench
+    from triton_fusion_report.analysis.bench.sweep import classify
+
+    for grid in ("book", "full"):
+        shapes = {(p.shape["head_dim"], p.shape["seq"], p.shape["causal"])
+                  for p in bench.attention_problems(grid)
+                  if any(v.sweep == "kernel" for v in p.variants)}
+        assert shapes == {(d, 4096, c) for d in (64, 128) for c in (False, True)}
+    for problem in bench.attention_problems("smoke"):
+        forced = {v.variant: v for v in problem.variants if v.sweep == "kernel"}
+        assert set(forced) == {"gluon", "tl"}
+        assert all(v.impl == "triton_fused" for v in forced.values())
+        q, k, v = problem.make_inputs(DEVICE)
+        out = forced["tl"].fn(q, k, v)
+        assert rel_err(out, ref64(q, k, v, problem.shape["causal"])) <= problem.tolerance
+        if not at._gluon.applies(q, k, v, problem.shape["causal"]):
+            with pytest.raises(ValueError) as refused:
+                forced["gluon"].fn(q, k, v)
+            assert classify(refused.value) == "unsupported"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real tuning")

@@ -78,14 +78,21 @@ def softmax_matmul_problems(grid: str = "full") -> list[Problem]:
 TOKENS, MODEL_DIM = 16384, 2048  # batch * seq and heads * head_dim, fixed across the sweep
 ATTN_GRIDS = {
     # odd_seqs: lengths no block divides (the last tile masked), at head_dim 64 and 128.
+    # kernels: the (head_dim, seq) where each forward kernel is also timed alone (KERNEL_SWEEP).
     "full": dict(seqs=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
-                 odd_seqs=[1000, 3001], dtype=torch.float16, unfused_max_seq=4096),
+                 odd_seqs=[1000, 3001], dtype=torch.float16, unfused_max_seq=4096,
+                 kernels=[(128, 4096), (64, 4096)]),
     # head_dim 128's sequence sweep; head_dim 64 at 4096 (its tuning is a compile of its own).
     "book": dict(seqs=[1024, 4096, 16384], head_dims=[128], odd_seqs=[3001], extra=[(64, 4096)],
-                 dtype=torch.float16, unfused_max_seq=4096),
+                 dtype=torch.float16, unfused_max_seq=4096, kernels=[(128, 4096), (64, 4096)]),
     "smoke": dict(seqs=[37], head_dims=[16], dtype=torch.float16, unfused_max_seq=64,
-                  tokens=74, model_dim=32),
+                  tokens=74, model_dim=32, kernels=[(16, 37)]),
 }
+# The fused forward with its kernel forced (triton_fused's private `_kernel`), beside the
+# autotuned row that picks among them: "gluon", the Gluon forward (sm_90 only: elsewhere, and at
+# shapes it does not take, a ValueError, recorded as `unsupported`); "tl", the `tl` kernels
+# tuned without it (what the plan ran before the Gluon candidate).
+KERNEL_SWEEP = ("gluon", "tl")
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
                  "sdpa_efficient": "EFFICIENT_ATTENTION"}
 
@@ -169,6 +176,13 @@ def attention_problems(grid: str = "full") -> list[Problem]:
             variants.append(Variant("triton_fused",
                                     functools.partial(attn.triton_fused, causal=causal),
                                     variant="autotuned", bytes_impl=nbytes("triton_fused")))
+            if (head_dim, seq) in g.get("kernels", []):
+                variants += [Variant("triton_fused",
+                                     functools.partial(attn.triton_fused, causal=causal,
+                                                       _kernel=kernel),
+                                     sweep="kernel", variant=kernel,
+                                     bytes_impl=nbytes("triton_fused"))
+                             for kernel in KERNEL_SWEEP]
             variants += compiled_variants(naive, nbytes("torch_compile"))
             variants += peers.attention_variants(causal, nbytes("triton_fused"))
             out.append(Problem(

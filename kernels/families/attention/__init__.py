@@ -1,6 +1,7 @@
 """Attention, softmax(q k^T * scale) v over (batch, heads, seq, head_dim): the public op (a
 PyTorch custom op with its fused backward) and the family's parts: `forward` (reference,
-triton_unfused, and triton_fused: FlashAttention-2 with its plan), `backward` (FlashAttention-2's)
+triton_unfused, and triton_fused: FlashAttention-2 with its plan), `gluon` (a FlashAttention-3-style
+forward for sm_90, which that plan times among its candidates), `backward` (FlashAttention-2's)
 and `decoding` (one query against a KV cache, keys split across programs)."""
 from __future__ import annotations
 

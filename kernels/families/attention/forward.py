@@ -22,6 +22,9 @@ On sm_90, non-causal attention at head_dim 128 with both lengths multiples of 12
 _attn_fwd_ws, the same loop under Triton's automatic warp specialisation (a producer warp feeds
 TMA loads to the computing warps). Its descriptors are made on the device, which takes scratch
 memory from Triton's allocator: where the caller has set none, torch's is set (per thread).
+On sm_90 the tuning also times the Gluon forward (`gluon`: FlashAttention-3's schedule written
+by hand) wherever `gluon.applies` (contiguous, head_dim 64 or 128, lengths in whole tiles): it
+runs where it measures fastest, and stores the same log-sum-exp for the same backward.
 """
 from __future__ import annotations
 
@@ -31,8 +34,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-import triton
-from triton.runtime import _allocation
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..._checks import (cdiv, check_pow2, check_same, check_tensor, empty, empty_like, has_tma,
@@ -41,9 +42,10 @@ from ..._plans import cached, fastest, layout_key, plan_cache
 from ..._timer import time_ms
 from ..._launch import descriptor, launch
 from . import decoding as flash_decoding
+from . import gluon as _gluon
 from ..._bmm import DOT_MIN
 from ..._checks import upcast_bf16 as _upcast_bf16
-from .kernels import _attn_fwd, _attn_fwd_pointers, _attn_fwd_ws
+from .kernels import _attn_fwd, _attn_fwd_pointers, _attn_fwd_ws, _needs_allocator
 from ..._bmm import _bmm
 from ..._stored_softmax import softmax_rows
 
@@ -75,17 +77,6 @@ def reference(q, k, v, causal=False, sm_scale=None) -> torch.Tensor:
     return (torch.softmax(s, dim=-1) @ v.to(ct)).to(q.dtype)
 
 
-def _torch_allocator(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda" if not interpreting() else "cpu")
-
-
-def _needs_allocator():
-    """Device-side descriptors take global scratch from Triton's allocator: torch's where the
-    caller has set none (stream-ordered, so the scratch lives as long as the launch needs)."""
-    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
-        triton.set_allocator(_torch_allocator)
-
-
 def _descriptor_pre_hook(nargs):
     """Host descriptors carry their block shape: set it from the config to be launched."""
     if isinstance(nargs["Q"], TensorDescriptor):
@@ -108,6 +99,14 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages); causal needs BLOCK_M %
 # was right and fastest in the probe (docs/attention.md); its 5th entry marks the kernel. Four
 # warps compute (one warp group) beside the producer; one stage: the pass buffers the tiles.
 WS_CONFIG = (128, 128, 4, 1, "ws")
+# The Gluon forward's candidate where `gluon.applies` on the TMA path: 2 * BM queries and BN keys
+# a tile, 4 warps a consumer warpgroup, its ring's stages set by head_dim (gluon.STAGES), the
+# ping-pong schedule (the fastest of its three on an H100, docs/attention.md).
+GLUON_CONFIG = (2 * _gluon.BM, _gluon.BN, 4, None, "gluon")
+# What triton_fused's private `_kernel` may force (the bench times each alone): None, the tuned
+# choice; "tl", the tuning without the Gluon candidate; "gluon", the Gluon forward (ValueError
+# where it does not apply).
+KERNELS = (None, "tl", "gluon")
 
 
 # The tuned config per (sequence bucket, head_dim, causal, dtype, device). Sequence lengths share
@@ -134,13 +133,17 @@ def _bench(fn) -> float:
     return time_ms(fn, warmup_ms=10, rep_ms=40)
 
 
-def _tune(key, seq, run, device, ws=False) -> tuple:
+def _tune(key, seq, run, device, ws=False, gluon=False) -> tuple:
     """The fastest candidate (128-row blocks only when there are 128 queries to fill them; ws:
-    WS_CONFIG too), timed once per key (see `fastest`: kept on disk with
-    TRITON_CACHE_AUTOTUNING=1)."""
+    WS_CONFIG too; gluon: GLUON_CONFIG too), timed once per key (see `fastest`: kept on disk
+    with TRITON_CACHE_AUTOTUNING=1)."""
     candidates = [c for c in CONFIGS if c[0] <= max(64, seq)] + ([WS_CONFIG] if ws else [])
-    return fastest(_TUNED, key, candidates, lambda cfg: _bench(lambda: run(cfg)),
-                   (_attn_fwd, _attn_fwd_pointers, _attn_fwd_ws), device)
+    kernels = (_attn_fwd, _attn_fwd_pointers, _attn_fwd_ws)
+    if gluon:
+        candidates.append(GLUON_CONFIG)
+        kernels += (_gluon.attn_fwd,)
+    return fastest(_TUNED, key, candidates, lambda cfg: _bench(lambda: run(cfg)), kernels,
+                   device)
 
 
 def _ws_applies(q, k, v, causal, strided) -> bool:
@@ -243,15 +246,16 @@ def _check_layout(q, k, v, causal, sm_scale):
 
 
 def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=None,
-                 num_warps=None, num_stages=None, return_lse=False):
+                 num_warps=None, num_stages=None, return_lse=False, _kernel=None):
     """FlashAttention-2 forward in one Triton kernel; grid (seq / block_m, batch * heads).
     return_lse: also return each query row's log-sum-exp of scaled scores (float32, base 2,
     (batch * heads, seq)), which the backward needs.
 
     With every launch parameter None on a GPU, the config is tuned over CONFIGS once per
     (seq_bucket of the query and of the key length, head_dim, causal, dtype, device): the first
-    call per key pays for the search. Otherwise the missing parameters come from default_config,
-    as they always do under the interpreter.
+    call per key pays for the search. On sm_90 the candidates include _attn_fwd_ws and the Gluon
+    forward where they apply. Otherwise the missing parameters come from default_config, as
+    they always do under the interpreter. _kernel (private, for the bench): see KERNELS.
 
     Few queries per key/value head (seq_q * heads / kv_heads <= 16: decoding with a KV cache)
     and no launch parameter given: the keys are split across programs instead
@@ -262,13 +266,13 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     options = (block_m, block_n, num_warps, num_stages)
     if key is not None and (options == _NO_OPTIONS
                             or all(o is None or o.__class__ is int for o in options)):
-        key = key + options + (return_lse,)
+        key = key + options + (return_lse, _kernel)
         tuned = _TUNED_PLANS.get(key)
         if tuned is not None:
             return tuned(q, k, v, sm_scale)
     else:
         key = None  # (an option of another type is checked, and refused, every call)
-    plan = cached(_PLANS, key, _plan, q, k, v, causal, sm_scale, options, return_lse)
+    plan = cached(_PLANS, key, _plan, q, k, v, causal, sm_scale, options, return_lse, _kernel)
     if plan.route == "decode":
         out, lse = flash_decoding.attention(q, k, v, causal, sm_scale, return_lse=return_lse)
         return (out, lse) if return_lse else out
@@ -278,7 +282,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
         pad = 8 - q.shape[-1] % 8
         res = triton_fused(*(F.pad(t, (0, pad)) for t in (q, k, v)), causal, sm_scale,
                            block_m=block_m, block_n=block_n, num_warps=num_warps,
-                           num_stages=num_stages, return_lse=return_lse)
+                           num_stages=num_stages, return_lse=return_lse, _kernel=_kernel)
         out, lse = res if return_lse else (res, None)
         out = out[..., :q.shape[-1]].contiguous()
         return (out, lse) if return_lse else out
@@ -308,6 +312,9 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
     consts = plan.consts
 
     def run(cfg):
+        if cfg == GLUON_CONFIG:
+            _launch_gluon(q, k, v, out, lse, sm_scale, causal)
+            return
         if len(cfg) == 5:  # WS_CONFIG
             _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts)
             return
@@ -319,7 +326,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
                BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
     cfg = plan.cfg or _TUNED.get(plan.tune_key) or _tune(plan.tune_key, seq, run, q.device,
-                                                           plan.ws)
+                                                           plan.ws, plan.gluon)
     run(cfg)
     if key is not None:
         if len(_TUNED_PLANS) >= TUNED_PLANS_MAX:
@@ -347,6 +354,14 @@ def _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts):
            **kwargs)
 
 
+def _launch_gluon(q, k, v, out, lse, sm_scale, causal):
+    """The Gluon forward (ping-pong) on inputs the plan has found it applies to."""
+    grid, ints, kwargs = _gluon.launch_args(q, k, causal, lse is not None)
+    _needs_allocator()
+    launch(_gluon.attn_fwd, grid, q, k, v, out, out if lse is None else lse,
+           sm_scale * _gluon.LOG2E, *ints, **kwargs)
+
+
 class _TunedPlan:
     """The plan of one layout once its config is tuned: what the general path works out each
     call (grid, launch keywords, descriptor shapes, strides and blocks), worked out once and kept
@@ -354,11 +369,20 @@ class _TunedPlan:
     descriptors (none on the plain path) and calls `launch` (the one launcher and its one cache
     of compiled kernels). The same kernel and arguments as the general path."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "blocks", "specs", "lse_shape", "ints", "ws")
+    __slots__ = ("kernel", "grid", "kwargs", "blocks", "specs", "lse_shape", "ints", "ws",
+                 "scale")
 
     def __init__(self, plan, cfg, q, k, v, return_lse):
+        # ws: a kernel that makes its descriptors on the device (_attn_fwd_ws, the Gluon
+        # forward), given the tensors themselves; scale: what sm_scale is multiplied by for it.
         self.ws = len(cfg) == 5
+        self.scale = 1.0
         self.lse_shape = (q.shape[0] * q.shape[1], q.shape[2]) if return_lse else None
+        if cfg == GLUON_CONFIG:  # the Gluon forward takes the scale in base 2
+            self.kernel, self.scale = _gluon.attn_fwd, _gluon.LOG2E
+            self.grid, self.ints, self.kwargs = _gluon.launch_args(q, k, plan.consts["CAUSAL"],
+                                                                   return_lse)
+            return
         if self.ws:  # _attn_fwd_ws: the tensors themselves, no host descriptor
             self.kernel = _attn_fwd_ws
             self.grid, self.ints, self.kwargs = _ws_launch(q, k, cfg, plan.consts)
@@ -398,8 +422,8 @@ class _TunedPlan:
                        for t, b in zip((q, k, v), self.blocks)]
         else:
             tensors = (q, k, v)
-        launch(self.kernel, self.grid, *tensors, out, out if lse is None else lse, sm_scale,
-               *self.ints, **self.kwargs)
+        launch(self.kernel, self.grid, *tensors, out, out if lse is None else lse,
+               sm_scale * self.scale, *self.ints, **self.kwargs)
         return out if lse is None else (out, lse)
 
 
@@ -416,8 +440,9 @@ class _Plan(NamedTuple):
     (flash_decoding), "pad" (head_dim padded to a multiple of 8 for TMA, then "main"), "empty"
     (no output element), "no_keys" (seq_k = 0: zeros) or "main"; host: through host tensor
     descriptors (TMA), else plain loads; strided: 4-D descriptors; consts: the kernel's
-    constexprs but the blocks; cfg: (block_m, block_n, num_warps, num_stages), or None to take
-    the tuned config under tune_key (WS_CONFIG among the candidates where ws)."""
+    constexprs but the blocks; cfg: (block_m, block_n, num_warps, num_stages) or GLUON_CONFIG,
+    or None to take the tuned config under tune_key (WS_CONFIG among the candidates where ws,
+    GLUON_CONFIG where gluon)."""
     route: str
     host: bool = False
     strided: bool = False
@@ -425,14 +450,22 @@ class _Plan(NamedTuple):
     cfg: tuple | None = None
     tune_key: tuple | None = None
     ws: bool = False  # WS_CONFIG (_attn_fwd_ws) is a candidate
+    gluon: bool = False  # GLUON_CONFIG (the Gluon forward) is a candidate
 
 
 _PLANS = plan_cache()
 
-def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
+def _plan(q, k, v, causal, sm_scale, options, return_lse, kernel=None) -> _Plan:
     """triton_fused's plan for inputs that passed _check_inputs (see _Plan); raises on bad
-    launch options."""
+    launch options, and where `kernel` (KERNELS) forces the Gluon forward on inputs it refuses."""
     block_m, block_n, num_warps, num_stages = options
+    if kernel not in KERNELS:
+        raise ValueError(f"_kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "gluon":
+        why = ("it takes no launch options" if any(p is not None for p in options)
+               else _gluon.refusal(q, k, v, causal))
+        if why:
+            raise ValueError(f"the Gluon attention forward does not take these inputs: {why}")
     if k.shape[2] == 0 and q.numel():
         # No key at all: softmax over nothing, zeros as torch's sdpa and `reference` give (the
         # kernels would divide 0 by 0, the decoding split count by a chunk of 0 keys).
@@ -456,13 +489,18 @@ def _plan(q, k, v, causal, sm_scale, options, return_lse) -> _Plan:
         consts["MODE"] = 1 if strided else 0
     elif small and contiguous:
         consts["MODE"] = 2  # _attn_fwd without descriptors; otherwise _attn_fwd_pointers
+    if kernel == "gluon":
+        return _Plan("main", host, strided, consts, GLUON_CONFIG)
     # Tuned where the work is larger than what a launch costs the host; below it the configs
     # differ by less than that, and timing them would cost a first call seconds.
     if not interpreting() and all(p is None for p in options) and not small:
         ws = host and _ws_applies(q, k, v, causal, strided)
+        # In the key: lengths of one bucket may differ in whether the Gluon forward takes them,
+        # and a choice is only ever one of its key's candidates.
+        gluon = host and kernel is None and _gluon.applies(q, k, v, causal)
         tune_key = (seq_bucket(seq), seq_bucket(k.shape[2]), head_dim, causal, q.dtype, q.device,
-                    host, ws, consts.get("MODE") == 2)
-        return _Plan("main", host, strided, consts, None, tune_key, ws)
+                    host, ws, consts.get("MODE") == 2, gluon)
+        return _Plan("main", host, strided, consts, None, tune_key, ws, gluon)
     d = default_config(seq, head_dim, causal)
     block_m = check_pow2("block_m", d["block_m"] if block_m is None else block_m, why=DOT_MIN)
     block_n = check_pow2("block_n", d["block_n"] if block_n is None else block_n, why=DOT_MIN)

@@ -2,11 +2,25 @@
 Hopper): the host side that plans and launches them is `forward`."""
 from __future__ import annotations
 
-
+import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 from ..._checks import dot as _dot
+from ..._checks import interpreting
+
+
+def _torch_allocator(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda" if not interpreting() else "cpu")
+
+
+def _needs_allocator():
+    """Device-side descriptors (_attn_fwd_ws's, the Gluon forward's) take global scratch from
+    Triton's allocator: torch's where the caller has set none (stream-ordered, so the scratch
+    lives as long as the launch needs)."""
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_torch_allocator)
 
 
 # ------------------------------------------------------------------------------------ fused

@@ -118,6 +118,30 @@ def _tile(q_smem, k_ring, v_ring, ready, empty, acc, m_i, l_i, j, offs_m, shift,
 
 
 @gluon.jit
+def _overlapped_step(q_smem, k_ring, v_ring, ready, empty, turn, turn_other, acc, p, m_i, l_i, j,
+                     offs_m, n_unmasked, shift, qk_scale, BM: gl.constexpr, BN: gl.constexpr,
+                     D: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
+                     PINGPONG: gl.constexpr, FIRST: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Key tile j of `_overlapped`: S_j = Q K_j^T issued with O += P_(j-1) V_(j-1), the softmax
+    of S_j while the latter runs; (acc, P_j, m, l)."""
+    if PINGPONG:
+        mbarrier.wait(turn, FIRST ^ (j & 1))
+    s = _qk(q_smem, k_ring, ready, j, BM, BN, STAGES, s_layout)
+    pv = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    acc = warpgroup_mma(pv, v_ring.index((j - 1) % STAGES), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn_other, count=1)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S_j; P V may still run
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j, offs_m, shift, qk_scale, n_unmasked, BN, MASK,
+                                  s_layout)
+    acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
+    mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, p, m_i, l_i
+
+
+@gluon.jit
 def _overlapped(q_smem, k_ring, v_ring, ready, empty, turn, turn_other, acc, m_i, l_i, offs_m,
                 n_unmasked, n_kv, shift, qk_scale, BM: gl.constexpr, BN: gl.constexpr,
                 D: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
@@ -139,20 +163,17 @@ def _overlapped(q_smem, k_ring, v_ring, ready, empty, turn, turn_other, acc, m_i
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, offs_m, shift, qk_scale, n_unmasked, BN,
                                   MASK, s_layout)
-    for j in range(1, n_kv):
-        if PINGPONG:
-            mbarrier.wait(turn, FIRST ^ (j & 1))
-        s = _qk(q_smem, k_ring, ready, j, BM, BN, STAGES, s_layout)
-        pv = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        acc = warpgroup_mma(pv, v_ring.index((j - 1) % STAGES), acc, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turn_other, count=1)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S_j; P V may still run
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j, offs_m, shift, qk_scale, n_unmasked, BN,
-                                      MASK, s_layout)
-        acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
-        mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    # Causal: the mask's arithmetic only on the diagonal tiles (from n_unmasked on).
+    for j in range(1, gl.maximum(n_unmasked, 1)):
+        acc, p, m_i, l_i = _overlapped_step(q_smem, k_ring, v_ring, ready, empty, turn,
+                                            turn_other, acc, p, m_i, l_i, j, offs_m, n_unmasked,
+                                            shift, qk_scale, BM, BN, D, STAGES, False, PINGPONG,
+                                            FIRST, s_layout, o_layout, p_layout)
+    for j in range(gl.maximum(n_unmasked, 1), n_kv):
+        acc, p, m_i, l_i = _overlapped_step(q_smem, k_ring, v_ring, ready, empty, turn,
+                                            turn_other, acc, p, m_i, l_i, j, offs_m, n_unmasked,
+                                            shift, qk_scale, BM, BN, D, STAGES, MASK, PINGPONG,
+                                            FIRST, s_layout, o_layout, p_layout)
     if PINGPONG:
         mbarrier.wait(turn, FIRST ^ (n_kv & 1))
     pv = gl.convert_layout(p.to(q_smem.dtype), p_layout)
@@ -212,7 +233,10 @@ def attn_fwd(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qk_scale, SEQ, SEQ_K, H, GROUP
     k_desc = tma.make_tensor_descriptor(k_ptr, [ROWS_K, D], [D, 1], [BN, D], kv_l)
     v_desc = tma.make_tensor_descriptor(v_ptr, [ROWS_K, D], [D, 1], [BN, D], kv_l)
     o_desc = tma.make_tensor_descriptor(o_ptr, [ROWS_Q, D], [D, 1], [BM, D], q_l)
-    start = gl.program_id(0) * (2 * BM)
+    if CAUSAL:  # the longest rows first: the last wave then holds the shortest
+        start = (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * BM)
+    else:
+        start = gl.program_id(0) * (2 * BM)
     bh = gl.program_id(1)
     h = bh % H
     q_row = bh * SEQ + start

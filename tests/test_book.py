@@ -252,3 +252,67 @@ def test_model_section_reads_the_model_check(tmp_path):
     assert "1.50× eager's tokens/s" in text and "(1.10×)" in text
     assert "from 6.0 to 5.0 GiB" in text and "at 1 of 2 steps" in text
     assert "| eager + our ops | 150k | 1.50 |" in text and "1 of 1 checks" in text
+
+
+def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
+    """The attention chapter's Gluon subsection: on the references (which predate the kernel
+    sweep) no table and one sentence that says so; on a folder with the sweep's rows (the H100
+    reference with rows forced to each kernel added), the table of TFLOP/s per head_dim x causal
+    and sentences that say where Gluon beats the `tl` kernels, where it trails and where it does
+    not apply, every figure from the rows."""
+    from triton_fusion_report.analysis.book import attention
+
+    qmd = ROOT / "report" / "attention.qmd"
+    c = attention.compute([REFERENCE])
+    assert not len(c["gluon"]) and c["say"]["gluon"] == attention.PREDATES_GLUON
+    made = run_chapter(qmd, REFERENCE)
+    assert attention.PREDATES_GLUON in made["inline"]
+    assert "tbl-attn-gluon" not in capsys.readouterr().out
+
+    for path in REFERENCE.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    df = pd.read_parquet(REFERENCE / "attention.parquet")
+    tuned = df[(df["op"] == "attention_fwd") & (df["impl"] == "triton_fused")
+               & (df["sweep"] == "size") & (df["seq"] == 4096) & df["head_dim"].isin([64, 128])]
+    assert len(tuned) == 4
+    # Gluon's speed over tl's (the tl rows: the tuned rows' times): None, it does not apply.
+    speed = {(128, False): 1.25, (128, True): 0.8, (64, False): 0.9, (64, True): None}
+    forced = []
+    for _, r in tuned.iterrows():
+        tl, gluon = r.copy(), r.copy()
+        tl["sweep"] = gluon["sweep"] = "kernel"
+        tl["variant"], gluon["variant"] = "tl", "gluon"
+        s = speed[(int(r["head_dim"]), bool(r["causal"]))]
+        if s is None:
+            gluon["status"] = "unsupported"
+            gluon[D.TIMING_COLUMNS] = float("nan")
+        else:
+            gluon[["ms_median", "ms_device"]] = r[["ms_median", "ms_device"]] / s
+        forced += [tl, gluon]
+    pd.concat([df, pd.DataFrame(forced)]).to_parquet(tmp_path / "attention.parquet")
+
+    c = attention.compute([tmp_path])
+    table = c["gluon"]
+    assert list(table.columns) == ["head_dim", "causal", "Gluon", "tl", "tuned", "cuDNN",
+                                   "Gluon / cuDNN", "Gluon / tl"]
+    assert [(r.head_dim, r.causal) for r in table.itertuples()] == [
+        (128, "no"), (128, "yes"), (64, "no"), (64, "yes")]
+    assert table["Gluon / tl"].round(6).tolist()[:3] == [1.25, 0.8, 0.9]
+    assert table["Gluon"].isna().tolist() == [False, False, False, True]
+    assert (table["tl"] == table["tuned"]).all()
+    cudnn = df[(df["op"] == "attention_fwd") & (df["impl"] == "sdpa_cudnn") & (df["seq"] == 4096)
+               & (df["head_dim"] == 128) & ~df["causal"] & (df["sweep"] == "size")]
+    gluon_ms = tuned[(tuned["head_dim"] == 128) & ~tuned["causal"]]["ms_device"].iloc[0] / 1.25
+    vs_cudnn = cudnn["ms_device"].min() / gluon_ms
+    assert table["Gluon / cuDNN"].iloc[0] == pytest.approx(vs_cudnn)
+    say = c["say"]["gluon"]
+    assert say == (
+        "In @tbl-attn-gluon (sequences of 4,096 tokens) the Gluon forward beats the `tl` kernels at head_dim "
+        f"128 (non-causal), at 1.25× their speed ({vs_cudnn:.2f}× cuDNN's), and the tuner takes "
+        "it there. It trails them at head_dim 128 (causal) and head_dim 64 (non-causal), at 0.80 "
+        "to 0.90× their speed, and the tuner keeps them there. At head_dim 64 (causal) it does "
+        "not apply.")
+    made = run_chapter(qmd, tmp_path)
+    assert say in made["inline"] and attention.PREDATES_GLUON not in made["inline"]
+    printed = capsys.readouterr().out
+    assert "| head_dim | causal | Gluon |" in printed and "{#tbl-attn-gluon}" in printed

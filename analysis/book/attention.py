@@ -43,6 +43,8 @@ def compute(folders: list) -> dict:
     say = _smm_sentences(smm, smm_t, table)
     say["smm_seed"] = _seed(folder, smm_t)
     say.update(_fwd_sentences(fwd, fwd_t))
+    kernels = _kernel_rates(fwd, fwd_t)
+    say["gluon"] = _gluon_sentence(kernels)
     decode = _decode_table(dec_t)
     say.update(train=_train_sentence(train_t), decode=_decode_sentence(dec_t, decode, limits))
     say.update(_meaning(smm_t, fwd_t, folder))
@@ -50,7 +52,8 @@ def compute(folders: list) -> dict:
     peak = (lambda df, p: C.peak_of(limits, p, D.runs_of(df)) if len(df) else NAN)
     return dict(traffic=table, smm=smm_t, fwd=head(fwd_t), train=head(train_t),
                 smm_peaks={p: peak(smm, p) for p in ("ieee", "tf32")},
-                peak16=peak(fwd, "float16"), decode=_decode_display(decode), say=say)
+                peak16=peak(fwd, "float16"), decode=_decode_display(decode),
+                gluon=_kernel_display(kernels), say=say)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -303,6 +306,95 @@ def _attn_memory(rows: pd.DataFrame, at: pd.DataFrame, hd: int, n: int) -> str:
             f"{peak.loc['triton_fused'].max():,.0f} MiB, its output, over the whole sweep.")
 
 
+# --- the Gluon forward against the `tl` kernels -------------------------------------------------
+
+KERNEL_KEYS = ["head_dim", "seq", "causal"]
+KERNEL_COLUMNS = ["gluon", "tl", "tuned", "cuDNN"]  # TFLOP/s, as _kernel_rates names them
+PREDATES_GLUON = ("This results folder predates the Gluon kernel's rows (each forward kernel "
+                  "timed alone): `make bench` measures them.")
+
+
+def _kernel_rates(fwd: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """Per shape of the bench's kernel sweep (head_dim, seq, causal): TFLOP/s over device time
+    of the Gluon forward and of the `tl` kernels, each forced (sweep "kernel", variant "gluon" /
+    "tl"), of the tuned op and of cuDNN (`rows`: the size sweep's timed rows), and the Gluon
+    row's status ("unsupported" where it does not apply). Empty where the data have no kernel
+    sweep (runs before the Gluon kernel joined the tuner)."""
+    sweep = fwd[fwd["sweep"] == "kernel"] if len(fwd) else fwd
+    if not len(sweep):
+        return pd.DataFrame()
+    forced = _with_rate(D.timed(fwd, sweep="kernel"))
+    forced = forced.assign(col=forced["variant"])
+    size = rows[rows["impl"].isin(["triton_fused", "sdpa_cudnn"])] if len(rows) else rows
+    size = size.assign(col=size["impl"].map({"triton_fused": "tuned", "sdpa_cudnn": "cuDNN"}))
+    rate = pd.concat([forced, size])
+    rate = rate.groupby(KERNEL_KEYS + ["col"])["tflops_t"].max() if len(rate) else pd.Series()
+    status = sweep[sweep["variant"] == "gluon"].groupby(KERNEL_KEYS)["status"].first()
+    out = [{**dict(zip(KERNEL_KEYS, k)), **{c: rate.get((*k, c), NAN) for c in KERNEL_COLUMNS},
+            "gluon status": status.get(k)}
+           for k in sweep[KERNEL_KEYS].drop_duplicates().itertuples(index=False, name=None)]
+    t = pd.DataFrame(out).sort_values(["head_dim", "seq", "causal"],
+                                      ascending=[False, True, True])
+    return t.assign(**{"Gluon / cuDNN": t["gluon"] / t["cuDNN"],
+                       "Gluon / tl": t["gluon"] / t["tl"]}).reset_index(drop=True)
+
+
+def _kernel_display(t: pd.DataFrame) -> pd.DataFrame:
+    """The kernel sweep's table as the chapter shows it (seq only where it varies)."""
+    if not len(t):
+        return t
+    t = t.assign(head_dim=t["head_dim"].astype(int),
+                 causal=t["causal"].map(lambda c: "yes" if c else "no"),
+                 seq=t["seq"].map("{:,.0f}".format))
+    cols = ["head_dim", "causal", *(["seq"] if t["seq"].nunique() > 1 else []), *KERNEL_COLUMNS,
+            "Gluon / cuDNN", "Gluon / tl"]
+    return t[cols].rename(columns={"gluon": "Gluon"}).reset_index(drop=True)
+
+
+def _kernel_where(sub: pd.DataFrame, t: pd.DataFrame) -> str:
+    """The shapes of `sub` (rows of `t`) in words: "head_dim 128 (non-causal) and head_dim 64
+    (causal and non-causal)"."""
+    several = t["seq"].nunique() > 1
+    parts = []
+    for (hd, n), g in sub.groupby(["head_dim", "seq"], sort=False):
+        masks = set(g["causal"].astype(bool))
+        label = f"head_dim {int(hd)}" + (f" at {int(n):,} tokens" if several else "")
+        parts.append(label + (" (causal and non-causal)" if len(masks) > 1 else
+                              " (causal)" if True in masks else " (non-causal)"))
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+
+
+def _gluon_sentence(t: pd.DataFrame) -> str:
+    """Where the Gluon forward beats the `tl` kernels (and by how much, and against cuDNN), where
+    it trails them (the tuner then keeps them), where it does not apply."""
+    if not len(t):
+        return PREDATES_GLUON
+    seqs = " and ".join(f"{int(n):,}" for n in sorted(set(t["seq"])))
+    timed = t[t["Gluon / tl"].notna()]
+    refused = t[t["gluon status"] == "unsupported"]
+    if not len(timed):
+        if len(refused) == len(t):
+            return (f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward does "
+                    "not apply on this GPU or at these shapes (it takes sm_90 only, head_dim 64 or 128, "
+                    "lengths in whole 128-row tiles): the tuner has only the `tl` kernels.")
+        return D.lacking("timed rows of the Gluon forward and the `tl` kernels, each forced")
+    wins, trails = timed[timed["Gluon / tl"] > 1], timed[timed["Gluon / tl"] <= 1]
+    out = [f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward"]
+    if len(wins):
+        cudnn = wins["Gluon / cuDNN"].dropna()
+        out.append(f"beats the `tl` kernels at {_kernel_where(wins, t)}, at "
+                   f"{D.ratio_range(wins['Gluon / tl'])} their speed"
+                   + (f" ({D.ratio_range(cudnn)} cuDNN's)" if len(cudnn) else "")
+                   + ", and the tuner takes it there.")
+    if len(trails):
+        out.append(("It trails them" if len(wins) else "trails the `tl` kernels")
+                   + f" at {_kernel_where(trails, t)}, at {D.ratio_range(trails['Gluon / tl'])} "
+                   "their speed, and the tuner keeps them there.")
+    if len(refused):
+        out.append(f"At {_kernel_where(refused, t)} it does not apply.")
+    return " ".join(out)
+
+
 # --- forward + backward, decoding, what it means ------------------------------
 
 def _train_sentence(rows: pd.DataFrame) -> str:
@@ -388,8 +480,11 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
     best = _fastest_other(t)
     time = (f"Time follows the matmul inside. On fp16 tensor cores the Triton attention kernel "
             f"beats FlashAttention-2's CUDA kernels (a median {fa2.median():.2f}× their speed at "
-            f"head_dim {HEAD_DIM}) and stays behind cuDNN's (a median {cudnn.median():.2f}×), "
-            f"whose Hopper schedule it does not have; in IEEE float32 the fused softmax(X) @ V "
+            f"head_dim {HEAD_DIM}) and "
+            + (f"stays behind cuDNN's (a median {cudnn.median():.2f}×), whose Hopper schedule "
+               "the `tl` kernels do not have" if cudnn.median() < 1 else
+               f"runs at a median {cudnn.median():.2f}× cuDNN's speed")
+            + f"; in IEEE float32 the fused softmax(X) @ V "
             f"takes {t['triton_fused'] / t[best]:.2f}× the time of {D.IMPL_LABEL[best]}, which "
             "calls cuBLAS for the product." if len(cudnn) and len(fa2)
             and best and "triton_fused" in t else

@@ -375,8 +375,8 @@ def _gluon_sentence(t: pd.DataFrame) -> str:
     if not len(timed):
         if len(refused) == len(t):
             return (f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward does "
-                    "not apply on this GPU or at these shapes (it takes sm_90 only, head_dim 64 or 128, "
-                    "lengths in whole 128-row tiles): the tuner has only the `tl` kernels.")
+                    "not apply on this GPU or at these shapes (it takes sm_90 only, head_dim 64 "
+                    "or 128, lengths in whole 128-row tiles): the tuner has only the `tl` kernels.")
         return D.lacking("timed rows of the Gluon forward and the `tl` kernels, each forced")
     wins, trails = timed[timed["Gluon / tl"] > 1], timed[timed["Gluon / tl"] <= 1]
     out = [f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward"]

@@ -984,10 +984,16 @@ def test_where_that_matches_nothing_is_refused_before_measuring(tmp_path, capsys
 
 
 def test_a_new_run_into_a_folder_with_its_family_is_refused(tmp_path, tiny_softmax_grid,
-                                                           capsys):
+                                                           capsys, monkeypatch):
     """A run (not --resume) into a folder that holds rows of its family, or a stopped bench's
     parts, is refused before measuring: it would start the family's file afresh and drop the
     earlier run's rows (whose record would still say it finished)."""
+    from triton_fusion_report.analysis.bench import machine
+
+    # The machine's limits are beside the point here (on a GPU, seconds of copies and matmuls).
+    monkeypatch.setattr(machine, "measure_limits", lambda device, meta: [dict(
+        meta, metric="copy_bw", dtype="float32", precision="ieee", value=None, unit="GB/s",
+        detail="not measured in this test")])
     out = tmp_path / "run"
     base = ["--out", str(out), "--grid", "smoke", "--family", "softmax", "--where", "width=33",
             "--no-progress", "--workers", "1"]  # one process: the patched grid reaches it

@@ -5,7 +5,7 @@ import torch
 
 from triton_fusion_report import kernels
 
-from conftest import DEVICE, TOL, fast_cases, full, rel_err
+from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels import _plans
 from triton_fusion_report.kernels.families.attention import forward as at
@@ -654,6 +654,7 @@ def test_gluon_forward_feeds_the_tl_backward(causal):
         assert rel_err(g, w) <= 2 * FUSED_TOL[torch.bfloat16]
 
 
+@FULL  # tunes at real sizes: 26 s of a cold `make test` on an H100
 @pytest.mark.skipif(not HOPPER, reason="the Gluon kernel is for sm_90 (no interpreter runs Gluon)")
 def test_tuning_may_pick_the_gluon_kernel_on_hopper(monkeypatch):
     """Where the Gluon forward applies it is one of the tuning's candidates; chosen (here by a

@@ -118,3 +118,26 @@ def test_model_check_attention_refuses_padding_masks(device):
     padded[..., 0] = False
     with pytest.raises(NotImplementedError, match="causal mask"):
         mc.attention_forward(module, q, q, q, padded)
+
+
+def test_a_padded_batch_is_refused_not_silently_unmasked(device):
+    """GPT-2 with the project's attention (transformers' interface, as the model check swaps it
+    in): a batch without padding runs (no mask is made); a padded one raises, where transformers
+    would otherwise hand a custom implementation no mask and the padding would be ignored."""
+    transformers = pytest.importorskip("transformers", reason="the model check's adapter needs "
+                                                              "transformers")
+    from triton_fusion_report.analysis.bench import model_check as mc
+
+    mc.register_attention()
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=16, bos_token_id=0, eos_token_id=0,
+                                     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_implementation=mc.IMPL_NAME)
+    with torch.device(device):
+        model = transformers.GPT2LMHeadModel(config).to(torch.float16)
+    ids = torch.randint(0, 64, (2, 16), device=device)
+    assert model(ids).logits.shape == (2, 16, 64)
+    padded = torch.ones(2, 16, dtype=torch.long, device=device)
+    padded[1, :4] = 0
+    with pytest.raises(NotImplementedError, match="causal mask"):
+        model(ids, attention_mask=padded)

@@ -77,6 +77,18 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     return out.transpose(1, 2).contiguous(), None
 
 
+def register_attention() -> None:
+    """Make `attention_forward` transformers' attention implementation IMPL_NAME, with SDPA's
+    masks: none for a causal batch without padding (no mask to build or check), a 4-D one with
+    padding, which `attention_forward` refuses. (transformers gives an implementation with no mask
+    function of its own no mask at all: padding would be dropped silently.)"""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPL_NAME, attention_forward)
+    AttentionMaskInterface.register(IMPL_NAME, sdpa_mask)
+
+
 class TritonLayerNorm(torch.nn.Module):
     """nn.LayerNorm's parameters, the project's kernels."""
 
@@ -142,9 +154,9 @@ def loss_of(model, ids: torch.Tensor) -> torch.Tensor:
 def build(device, ops=frozenset(), attention="sdpa", seed: int = 0):
     """GPT-2 small with random weights (the same for every call, from seed), PyTorch's
     `attention` ("sdpa" or "eager"), with the project's `ops` (a subset of ALL_OPS) swapped in."""
-    from transformers import AttentionInterface, GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    AttentionInterface.register(IMPL_NAME, attention_forward)
+    register_attention()
     attn = IMPL_NAME if "attention" in ops else attention
     torch.manual_seed(seed)
     with torch.device(device):  # initialised where it runs: ten times faster than on the host

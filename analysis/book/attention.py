@@ -481,8 +481,9 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
     time = (f"Time follows the matmul inside. On fp16 tensor cores the Triton attention kernel "
             f"beats FlashAttention-2's CUDA kernels (a median {fa2.median():.2f}× their speed at "
             f"head_dim {HEAD_DIM}) and "
-            + (f"stays behind cuDNN's (a median {cudnn.median():.2f}×), whose Hopper schedule "
-               "the `tl` kernels do not have" if cudnn.median() < 1 else
+            + (f"stays behind cuDNN's (a median {cudnn.median():.2f}×): the `tl` kernels lack "
+               "its Hopper schedule (@sec-attn-gluon tells what writing it by hand gives)"
+               if cudnn.median() < 1 else
                f"runs at a median {cudnn.median():.2f}× cuDNN's speed")
             + f"; in IEEE float32 the fused softmax(X) @ V "
             f"takes {t['triton_fused'] / t[best]:.2f}× the time of {D.IMPL_LABEL[best]}, which "

@@ -43,7 +43,7 @@ def ok_or_peer_missing(df, recorded=False) -> bool:
     `recorded`: rows of a committed run, whose machine, not this one, lacked the library."""
     from triton_fusion_report.analysis.bench import peers
 
-    absent = df["impl"].isin([i for i in peers.PINNED if recorded or peers.label(i) is None])
+    absent = df["impl"].isin([i for i in peers.PINNED if recorded or peers._load(i)[0] is None])
     missing = absent & (df["status"] == "unsupported") & df["error"].str.contains(
         "not installed|does not import", na=False)
     return bool(((df["status"] == "ok") | missing).all())

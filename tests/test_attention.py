@@ -765,6 +765,9 @@ def test_plan_off_sm90_never_picks_gluon(causal, device, monkeypatch):
                         ("_TUNED", {}), ("_PLANS", {}), ("_TUNED_PLANS", {}), ("_tune", recorded),
                         ("TMA_FROM_FLOPS", 0)):
         monkeypatch.setattr(at, name, value)
+    # Refused for the device (no sm_90), not for the interpreter.
+    monkeypatch.setattr(at._gluon, "interpreting", lambda: False)
+    assert at._gluon.refusal(q, k, v, causal) in ("not an sm_90 GPU", at._gluon.MISSING)
     plan = at._plan(q, k, v, causal, 0.125, (None,) * 4, False)
     assert plan.tune_key is not None and not plan.gluon and plan.tune_key[-1] is False
     out = kernels.attention(q, k, v, causal=causal)
@@ -829,6 +832,9 @@ def test_tuning_may_pick_the_gluon_kernel(device, monkeypatch):
         out, lse = at.triton_fused(q, k * 0.5, v, True, return_lse=True)
         assert len(gluon_runs) == n + 1 and lse.shape == (4, 128) and lse.dtype == torch.float32
         assert rel_err(out, ref64(q, k * 0.5, v, True)) <= FUSED_TOL[torch.float16]
+    # the log-sum-exp as the `tl` kernels store it: the scale reached the launch in base 2
+    lse_tl = at.triton_fused(q, k * 0.5, v, True, return_lse=True, _kernel="tl")[1]
+    assert torch.allclose(lse, lse_tl, atol=2e-2, rtol=0)
     n = len(gluon_runs)
     out = at.triton_fused(q, k, v, True, _kernel="tl")
     assert len(gluon_runs) == n and rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.float16]

@@ -308,10 +308,20 @@ def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
     say = c["say"]["gluon"]
     assert say == (
         "In @tbl-attn-gluon (sequences of 4,096 tokens) the Gluon forward beats the `tl` kernels at head_dim "
-        f"128 (non-causal), at 1.25× their speed ({vs_cudnn:.2f}× cuDNN's), and the tuner takes "
-        "it there. It trails them at head_dim 128 (causal) and head_dim 64 (non-causal), at 0.80 "
-        "to 0.90× their speed, and the tuner keeps them there. At head_dim 64 (causal) it does "
-        "not apply.")
+        f"128 (non-causal), at 1.25× their speed ({vs_cudnn:.2f}× cuDNN's), though the tuned op "
+        "ran at the `tl` kernels' speed there (its own timing chose them). It trails them at "
+        "head_dim 128 (causal) and head_dim 64 (non-causal), at 0.80 to 0.90× their speed, and "
+        "the tuned op runs at theirs there. At head_dim 64 (causal) it does not apply.")
+    # The tuned op at Gluon's speed where Gluon wins; a Gluon row that failed is named.
+    ran = pd.DataFrame(dict(head_dim=[128, 64], seq=[4096, 4096], causal=[False, True],
+                            gluon=[500.0, float("nan")], tl=[400.0, 300.0], tuned=[495.0, 300.0],
+                            cuDNN=[600.0, 400.0], **{"gluon status": ["ok", "wrong_result"]}))
+    ran = ran.assign(**{"Gluon / cuDNN": ran["gluon"] / ran["cuDNN"],
+                        "Gluon / tl": ran["gluon"] / ran["tl"]})
+    assert attention._gluon_sentence(ran) == (
+        "In @tbl-attn-gluon (sequences of 4,096 tokens) the Gluon forward beats the `tl` kernels "
+        "at head_dim 128 (non-causal), at 1.25× their speed (0.83× cuDNN's), and the tuned op "
+        "runs at its speed there. At head_dim 64 (causal) its row failed (wrong_result).")
     made = run_chapter(qmd, tmp_path)
     assert say in made["inline"] and attention.PREDATES_GLUON not in made["inline"]
     printed = capsys.readouterr().out

@@ -114,6 +114,8 @@ def _worker(args, queue, done, times) -> None:
         with done.get_lock():
             done.value += 1
     if mp.parent_process() is not None:  # as workers.py: skip a teardown that can abort
+        times.close()
+        times.join_thread()  # the last job's time reaches the parent before os._exit
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -366,33 +366,48 @@ def _kernel_where(sub: pd.DataFrame, t: pd.DataFrame) -> str:
 
 def _gluon_sentence(t: pd.DataFrame) -> str:
     """Where the Gluon forward beats the `tl` kernels (and by how much, and against cuDNN), where
-    it trails them (the tuner then keeps them), where it does not apply."""
+    it trails them, whose speed the tuned op ran at, where it does not apply, where its row
+    failed."""
     if not len(t):
         return PREDATES_GLUON
     seqs = " and ".join(f"{int(n):,}" for n in sorted(set(t["seq"])))
     timed = t[t["Gluon / tl"].notna()]
     refused = t[t["gluon status"] == "unsupported"]
+    failed = t[t["gluon status"].notna() & ~t["gluon status"].isin(["ok", "unsupported"])]
+    failures = "".join(f" At {_kernel_where(g, t)} its row failed ({status})."
+                       for status, g in failed.groupby("gluon status"))
     if not len(timed):
         if len(refused) == len(t):
             return (f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward does "
                     "not apply on this GPU or at these shapes (it takes sm_90 only, head_dim 64 "
                     "or 128, lengths in whole 128-row tiles): the tuner has only the `tl` kernels.")
-        return D.lacking("timed rows of the Gluon forward and the `tl` kernels, each forced")
+        return D.lacking("timed rows of the Gluon forward and the `tl` kernels, each forced") \
+            + failures
+    # Which kernel the tuned op ran, read from its speed: nearer Gluon's than the `tl` kernels'.
+    ran_gluon = ((timed["tuned"] / timed["gluon"] - 1).abs()
+                 < (timed["tuned"] / timed["tl"] - 1).abs())
     wins, trails = timed[timed["Gluon / tl"] > 1], timed[timed["Gluon / tl"] <= 1]
     out = [f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward"]
     if len(wins):
         cudnn = wins["Gluon / cuDNN"].dropna()
+        took = wins[ran_gluon[wins.index]]
+        tuned = (", and the tuned op runs at its speed there" if len(took) == len(wins) else
+                 ", though the tuned op ran at the `tl` kernels' speed there (its own timing "
+                 "chose them)" if not len(took) else
+                 f", and the tuned op runs at its speed at {_kernel_where(took, t)}")
         out.append(f"beats the `tl` kernels at {_kernel_where(wins, t)}, at "
                    f"{D.ratio_range(wins['Gluon / tl'])} their speed"
-                   + (f" ({D.ratio_range(cudnn)} cuDNN's)" if len(cudnn) else "")
-                   + ", and the tuner takes it there.")
+                   + (f" ({D.ratio_range(cudnn)} cuDNN's)" if len(cudnn) else "") + tuned + ".")
     if len(trails):
+        took = trails[ran_gluon[trails.index]]
         out.append(("It trails them" if len(wins) else "trails the `tl` kernels")
                    + f" at {_kernel_where(trails, t)}, at {D.ratio_range(trails['Gluon / tl'])} "
-                   "their speed, and the tuner keeps them there.")
+                   "their speed" + (", and the tuned op runs at theirs there." if not len(took)
+                                    else f"; the tuned op ran at Gluon's speed at "
+                                         f"{_kernel_where(took, t)}."))
     if len(refused):
         out.append(f"At {_kernel_where(refused, t)} it does not apply.")
-    return " ".join(out)
+    return " ".join(out) + failures
 
 
 # --- forward + backward, decoding, what it means ------------------------------
@@ -481,9 +496,9 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
     time = (f"Time follows the matmul inside. On fp16 tensor cores the Triton attention kernel "
             f"beats FlashAttention-2's CUDA kernels (a median {fa2.median():.2f}× their speed at "
             f"head_dim {HEAD_DIM}) and "
-            + (f"stays behind cuDNN's (a median {cudnn.median():.2f}×): the `tl` kernels lack "
-               "its Hopper schedule (@sec-attn-gluon tells what writing it by hand gives)"
-               if cudnn.median() < 1 else
+            + (f"stays behind cuDNN's (a median {cudnn.median():.2f}×), whose Hopper schedule "
+               "Triton's `tl` cannot express (@sec-attn-gluon: what writing it by hand in Gluon "
+               "gives)" if cudnn.median() < 1 else
                f"runs at a median {cudnn.median():.2f}× cuDNN's speed")
             + f"; in IEEE float32 the fused softmax(X) @ V "
             f"takes {t['triton_fused'] / t[best]:.2f}× the time of {D.IMPL_LABEL[best]}, which "

@@ -25,6 +25,7 @@ plain functions and `applies` is False.
 from __future__ import annotations
 
 import torch
+import triton
 
 from ..._checks import _capability, interpreting
 from ..._launch import launch as launch_kernel
@@ -288,6 +289,8 @@ def refusal(q, k, v, causal, capability=None) -> str | None:
     capability, None to read q's device's (none for a tensor off CUDA)."""
     if MISSING:
         return MISSING
+    if triton.__version__.split(".")[:2] != ["3", "6"]:  # Gluon's API changes between versions
+        return f"written for Triton 3.6's Gluon, not {triton.__version__}"
     if interpreting():
         return "the interpreter runs no Gluon"
     if capability is None:

@@ -819,6 +819,8 @@ def test_tuning_may_pick_the_gluon_kernel(device, monkeypatch):
                         ("TMA_FROM_FLOPS", 0)):
         monkeypatch.setattr(at, name, value)
     monkeypatch.setattr(gluon, "applies", lambda q, k, v, causal, capability=None: True)
+    monkeypatch.setattr(gluon, "refusal", lambda q, k, v, causal, capability=None: None)
+    monkeypatch.setattr(gluon, "launch_kernel", launch)  # gluon.launch's, as the plan calls it
     q = torch.randn(1, 4, 128, 64, device=device, dtype=torch.float16)
     k, v = (torch.randn(1, 2, 256, 64, device=device, dtype=torch.float16) for _ in range(2))
     plan = at._plan(q, k, v, True, 0.125, (None,) * 4, False)

@@ -96,7 +96,7 @@ def warm_problem(problem, device: torch.device) -> int:
     return ran
 
 
-def _worker(args, queue, done, times) -> None:
+def _worker(args, queue, times) -> None:
     t0 = time.perf_counter()
     no_kept_choices()
     device = torch.device(args.device)
@@ -110,9 +110,7 @@ def _worker(args, queue, done, times) -> None:
         else:
             warm_problem(problems[i], device)
             name = f"{problems[i].op} {problems[i].shape}"
-        times.put((name, time.perf_counter() - t0))
-        with done.get_lock():
-            done.value += 1
+        times.put((name, time.perf_counter() - t0))  # also the parent's progress count
     if mp.parent_process() is not None:  # as workers.py: skip a teardown that can abort
         times.close()
         times.join_thread()  # the last job's time reaches the parent before os._exit
@@ -149,22 +147,23 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     cost = {where[_key(p)]: (any(v.impl == "torch_compile_max" for v in p.variants),
                              len(p.variants)) for p in problems}
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    queue, done, times = ctx.Queue(), ctx.Value("i", 0), ctx.Queue()
+    queue, times = ctx.Queue(), ctx.Queue()
     todo = [*(TAIL if tail else ()), *sorted(todo, key=lambda i: cost[i], reverse=True)]
     for i in todo:
         queue.put(i)
     for _ in range(workers):
         queue.put(None)
-    procs = [ctx.Process(target=_worker, args=(args, queue, done, times)) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(args, queue, times)) for _ in range(workers)]
     for p in procs:
         p.start()
-    last, took = -1, []
+    starts, jobs, last = [], [], -1
     while any(p.is_alive() for p in procs) or not times.empty():
         while not times.empty():
-            took.append(times.get())
+            name, t = times.get()
+            (starts if name == "start" else jobs).append((t, name))
         time.sleep(1)
-        if done.value != last and not args.no_progress:
-            last = done.value
+        if len(jobs) != last and not args.no_progress:
+            last = len(jobs)
             print(f"\rwarming the compile caches: {last}/{len(todo)} problems, "
                   f"{workers} processes, {time.perf_counter() - t0:.0f} s", end="",
                   file=sys.stderr, flush=True)
@@ -173,8 +172,6 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     for k, p in enumerate(procs):
         if p.exitcode != 0:  # not fatal: the timed sweep compiles what this one did not
             print(f"warm: process {k} exited with {p.exitcode}", file=sys.stderr)
-    starts = [t for name, t in took if name == "start"]
-    jobs = sorted((t, name) for name, t in took if name != "start")[::-1][:3]
-    longest = (f"a process's start {max(starts):.0f} s; longest: " if starts else "longest: ") \
-        + ", ".join(f"{name[:60]} {t:.0f} s" for t, name in jobs)
+    longest = (f"a process's start {max(starts)[0]:.0f} s; longest: " if starts else "longest: ") \
+        + ", ".join(f"{name[:60]} {t:.0f} s" for t, name in sorted(jobs, reverse=True)[:3])
     return time.perf_counter() - t0, longest

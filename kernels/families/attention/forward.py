@@ -313,7 +313,7 @@ def triton_fused(q, k, v, causal=False, sm_scale=None, *, block_m=None, block_n=
 
     def run(cfg):
         if cfg == GLUON_CONFIG:
-            _launch_gluon(q, k, v, out, lse, sm_scale, causal)
+            _gluon.launch(q, k, v, out, lse, sm_scale, causal)
             return
         if len(cfg) == 5:  # WS_CONFIG
             _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts)
@@ -352,14 +352,6 @@ def _launch_ws(q, k, v, out, lse, sm_scale, cfg, consts):
     _needs_allocator()
     launch(_attn_fwd_ws, grid, q, k, v, out, out if lse is None else lse, sm_scale, *ints,
            **kwargs)
-
-
-def _launch_gluon(q, k, v, out, lse, sm_scale, causal):
-    """The Gluon forward (ping-pong) on inputs the plan has found it applies to."""
-    grid, ints, kwargs = _gluon.launch_args(q, k, causal, lse is not None)
-    _needs_allocator()
-    launch(_gluon.attn_fwd, grid, q, k, v, out, out if lse is None else lse,
-           sm_scale * _gluon.LOG2E, *ints, **kwargs)
 
 
 class _TunedPlan:

@@ -30,8 +30,8 @@ SPACE := $(subst ,, )
 # The bench's grid: book (what the book shows, ~5 min on one H100), full (the references), smoke.
 GRID ?= book
 BENCH_ARGS ?=
-# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: half the CPUs, at
-# most 8; 0: none).
+# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: 3/4 of the CPUs, at
+# most 12; 0: none).
 WARM ?= -1
 # Test processes (pytest-xdist): the compiling is most of a test run's time, and parallel.
 JOBS ?= auto
@@ -72,18 +72,13 @@ test-all: setup ## every correctness test: the whole matrix of shapes, dtypes an
 
 bench: setup ## GPU: the sweeps of GRID (book, full or smoke) and their tail steps into results/runs/<time>/
 	@$(HAS_GPU) || { echo "make bench needs a CUDA GPU; without one, 'make report' renders the committed $(REFERENCE)"; exit 1; }
-	@$(call timed,sweep,-m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(if $(TAIL),--warm-tail) $(BENCH_ARGS))
-	@# Seed 002's own protocol (the attention chapter shows its CSV), launch costs, GPT-2.
-	@if [ -n "$(TAIL)" ]; then \
-	  $(call timed,seed002,-m triton_fusion_report.analysis.bench.seed002 --out $(BENCH_OUT)) && \
-	  $(call timed,launch_cost,-m triton_fusion_report.analysis.bench.launch_cost --out $(BENCH_OUT)/launch_cost.csv) && \
-	  $(call timed,model_check,-m triton_fusion_report.analysis.bench.model_check --out $(BENCH_OUT)); fi
+	@# With TAIL: then seed 002's own protocol (the attention chapter shows its CSV), launch
+	@# costs and the GPT-2 check, in the sweep's process; each step prints its wall time.
+	$(RUN_PY) -m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(if $(TAIL),--tail) $(BENCH_ARGS)
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
 # The steps after the sweep run with the whole grid of book or full, not a part or the smoke grid.
 TAIL = $(if $(BENCH_ARGS),,$(filter-out smoke,$(GRID)))
-# $(call timed,NAME,ARGS): run the Python module command ARGS and print its wall time.
-timed = t=$$(date +%s); $(RUN_PY) $(2) && echo "bench: $(1) $$(( $$(date +%s) - t )) s"
 
 profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel into BENCH_OUT/profile.parquet, the matmul kernels' details into profile_details.parquet
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }

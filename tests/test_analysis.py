@@ -1418,6 +1418,23 @@ def test_warm_tail_steps_name_their_first_calls(monkeypatch):
     warm.warm_tail("model_check", "torch_compile", torch.device("cpu"))  # reported, not raised
 
 
+def test_tail_steps_all_run_when_one_fails(monkeypatch, tmp_path, capsys):
+    """make bench's steps after the sweep (cli.TAIL_STEPS) run in the sweep's process, each with
+    its --out; one that raises is reported, the next ones still run, and the bench fails."""
+    import importlib
+
+    called = []
+    for step, file in cli.TAIL_STEPS:
+        module = importlib.import_module(f"triton_fusion_report.analysis.bench.{step}")
+        monkeypatch.setattr(module, "main", lambda argv, step=step: called.append((step, argv))
+                            or (1 / 0 if step == "seed002" else 0))
+    assert cli.run_tail(tmp_path) == 1
+    assert [s for s, _ in called] == [s for s, _ in cli.TAIL_STEPS]
+    assert ("launch_cost", ["--out", str(tmp_path / "launch_cost.csv")]) in called
+    out = capsys.readouterr().out
+    assert "bench: seed002" in out and "FAILED" in out and "bench: model_check" in out
+
+
 @FULL
 def test_warm_processes_run_the_smoke_grid(tmp_path):
     """Two spawned processes warm the elementwise smoke grid (the interpreter: the machinery)."""

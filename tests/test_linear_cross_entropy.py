@@ -1,6 +1,9 @@
 """The fused LM head + cross-entropy (kernels.linear_cross_entropy) against float64: the loss and
 the gradients of x, weight and bias, over reductions, label smoothing, ignored targets, a
 vocabulary that is padded (not a multiple of 8) or not, and chunks of rows."""
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +11,7 @@ import torch.nn.functional as F
 from triton_fusion_report import kernels
 from triton_fusion_report.kernels.families import linear_cross_entropy as lce
 
-from conftest import full
+from conftest import FULL, full
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -120,6 +123,45 @@ def test_a_retained_graph_backpropagates_again(device):
         assert _rel(got.grad, 2 * ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("first, then", [(2.0, 3.0), (1.0, 0.5)])
+def test_an_incoming_gradient_scales_and_a_retained_graph_rescales(first, then, device):
+    """The first backward scales the gradients made in the forward in place (on the device, no
+    sync), a later one returns copies at its own scale: the sum of both."""
+    x, w, b, t = _inputs(9, 16, 40, torch.float32, device)
+    _, grads = _want(x, w, b, t)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    loss = kernels.linear_cross_entropy(*leaves[:2], t, leaves[2])
+    (first * loss).backward(retain_graph=True)
+    (then * loss).backward()
+    for got, ref in zip(leaves, grads):
+        assert _rel(got.grad, (first + then) * ref) < TOL[torch.float32]
+
+
+def test_a_retained_graph_after_a_zero_gradient_raises(device):
+    x, w, b, t = _inputs(9, 16, 40, torch.float32, device)
+    x = x.requires_grad_()
+    loss = kernels.linear_cross_entropy(x, w, t, b)
+    (0 * loss).backward(retain_graph=True)
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    with pytest.raises(RuntimeError, match="zero incoming gradient"):
+        loss.backward()
+
+
+@FULL
+def test_a_bad_target_is_a_device_side_assert_on_the_gpu():
+    """On a GPU the target's range is checked on the device, as torch's cross-entropy does (a
+    host check would stall the step): the process's CUDA context is lost, so in a child."""
+    if not torch.cuda.is_available():
+        pytest.skip("a GPU's check (on the CPU the check raises ValueError, tested above)")
+    code = ("import torch; from triton_fusion_report import kernels\n"
+            "x = torch.randn(8, 16, device='cuda'); w = torch.randn(40, 16, device='cuda')\n"
+            "t = torch.full((8,), 1000, device='cuda')\n"
+            "kernels.linear_cross_entropy(x, w, t); torch.cuda.synchronize()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode != 0 and "outside [0, 40)" in run.stderr + run.stdout
+
+
 @pytest.mark.parametrize("change, exc, words", [
     (dict(reduction="none"), ValueError, "reduction must be one of"),
     (dict(label_smoothing=1.5), ValueError, "label_smoothing"),
@@ -130,6 +172,8 @@ def test_a_retained_graph_backpropagates_again(device):
     (dict(x=lambda x: x.double()), TypeError, "float64"),
 ])
 def test_bad_inputs_raise(change, exc, words, device):
+    if words == "outside" and device.type == "cuda":
+        pytest.skip("on a GPU a device-side assert (test_a_bad_target_is_a_device_side_assert_...)")
     x, w, b, t = _inputs(8, 16, 40, torch.float32, device)
     args = dict(x=x, weight=w, target=t, bias=b, reduction="mean", label_smoothing=0.0)
     for k, v in change.items():

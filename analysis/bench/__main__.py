@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 # Autotuning results kept on disk, as Inductor and Triton keep compiled kernels (in
@@ -50,11 +51,12 @@ def parse(argv=None):
     ap.add_argument("--warm", type=int, default=-1, metavar="N",
                     help="processes that compile every problem's Triton and torch.compile "
                          "variants before the timed sweep, on one GPU (analysis/bench/warm.py; "
-                         "default -1: half the CPUs, at most 8, and none on the CPU or with "
+                         "default -1: three quarters of the CPUs, at most 12, and none on the CPU or with "
                          "several workers; 0: none)")
-    ap.add_argument("--warm-tail", action="store_true",
-                    help="the warming processes also make the first calls of the steps `make "
-                         "bench` runs after the sweep (the GPT-2 check, the launch costs)")
+    ap.add_argument("--tail", action="store_true",
+                    help="after the sweep, in this process: seed 002's benchmark, the launch "
+                         "costs and the GPT-2 check (TAIL_STEPS; their first calls warmed with "
+                         "the rest), as `make bench` runs the book and full grids")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--resume", action="store_true",
@@ -105,6 +107,7 @@ def parse(argv=None):
 
 
 def main(argv=None) -> int:
+    t0 = time.perf_counter()
     args, problems = parse(argv)
     held = lock(args.out)
     try:
@@ -116,16 +119,49 @@ def main(argv=None) -> int:
             if args.warm > 0:
                 from . import warm
 
-                took, longest = warm.run(args, problems, args.warm, tail=args.warm_tail)
+                took, longest = warm.run(args, problems, args.warm, tail=args.tail)
                 print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes; "
                       f"{longest})", flush=True)
             paths = measure(args, problems, args.out, torch.device(args.device))
+        for family, path in paths.items():
+            print(summary.table(schema.read(path)))
+            print(f"-> {path}")
+        print(f"bench: sweep {time.perf_counter() - t0:.0f} s", flush=True)
+        return run_tail(args.out) if args.tail else 0
     finally:
         os.close(held)
-    for family, path in paths.items():
-        print(summary.table(schema.read(path)))
-        print(f"-> {path}")
-    return 0
+
+
+# The steps after the sweep (module of analysis.bench, its arguments after --out): in the sweep's
+# process, whose imports and loaded kernels they share.
+TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()))
+
+
+def run_tail(out: Path) -> int:
+    """Each TAIL_STEPS step's main, its wall time printed; a failing step does not stop the
+    others. 0 if all succeeded."""
+    import importlib
+    import traceback
+
+    failed = []
+    for step, file in TAIL_STEPS:
+        t0 = time.perf_counter()
+        torch._dynamo.reset()
+        try:
+            code = importlib.import_module(f"{__package__}.{step}").main(
+                ["--out", str(out.joinpath(*file))])
+        except Exception:  # noqa: BLE001 - the next steps still run
+            traceback.print_exc()
+            code = 1
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"bench: {step} {time.perf_counter() - t0:.0f} s" + (" FAILED" if code else ""),
+              flush=True)
+        if code:
+            failed.append(step)
+    if failed:
+        print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

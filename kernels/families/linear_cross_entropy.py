@@ -53,14 +53,15 @@ def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
 
 
 @triton.jit
-def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, V, stride_row, ignore_index,
-                    smoothing, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr,
-                    WITH_GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    """One row of logits: its loss, and (WITH_GRAD) their gradient written over them, unscaled
-    (the mean's 1/count is applied in float32 after the matmuls, so that no small gradient
-    underflows in float16): softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where
-    the target is ignored. The bias (HAS_BIAS) is added here, to the logits as read. Only the
-    first V columns are read or written.
+def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, stride_row,
+                    ignore_index, smoothing, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr,
+                    WITH_GRAD: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of logits: its loss, and (WITH_GRAD) their gradient written over them:
+    softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where the target is ignored;
+    times *scale_ptr (the mean's 1/count, on the device) if SCALED, else unscaled (float16: the
+    scale is applied in float32 after the matmuls, so that no small gradient underflows). The
+    bias (HAS_BIAS) is added here, to the logits as read. Only the first V columns are read or
+    written.
     """
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
@@ -92,7 +93,7 @@ def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, V, stride_row, i
         loss -= smoothing / V * tl.sum(total, 0)
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     if WITH_GRAD:
-        row_scale = tl.where(ignored, 0.0, 1.0)
+        row_scale = tl.where(ignored, 0.0, tl.load(scale_ptr) if SCALED else 1.0)
         for start in tl.range(0, V, BLOCK):
             c = start + cols
             z = tl.load(base + c, mask=c < V, other=0.0).to(tl.float32)
@@ -154,14 +155,27 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     target = target.contiguous()  # the kernel reads one index per row, adjacent
     bias = None if bias is None else bias.contiguous()  # and the bias's entries, adjacent
     kept = target != ignore_index
-    bad, count = torch.stack([(kept & ((target < 0) | (target >= vocab))).sum(),
-                              kept.sum()]).tolist()  # one host sync, as torch's own check
-    if bad:
-        raise ValueError(f"target holds class indices outside [0, {vocab}) that are not "
-                         f"ignore_index ({ignore_index})")
-    # The mean over the targets kept, a number for the matmuls. None kept: the loss is nan and
-    # the gradients zero, as torch's.
-    scale = (1.0 / count if count else 0.0) if reduction == "mean" else 1.0
+    bad = (kept & ((target < 0) | (target >= vocab))).sum()
+    outside = (f"target holds class indices outside [0, {vocab}) that are not ignore_index "
+               f"({ignore_index})")
+    count = kept.sum()
+    # On a GPU nothing here waits for the GPU (a sync would stall a training step's launches):
+    # a bad target is a device-side assert, as in torch's own cross-entropy, and the mean's
+    # 1/count stays on the device, applied in the row kernel; except in float16, where it is the
+    # matmuls' alpha (in float32: applied in the kernel, small gradients would underflow), known
+    # on the host after one sync. On the CPU (the interpreter) a sync costs nothing.
+    scale_on_host = reduction == "mean" and x.dtype == torch.float16
+    scale, scale_t = 1.0, None
+    if x.device.type != "cuda" or scale_on_host:
+        n_bad, n_kept = torch.stack([bad, count]).tolist()
+        if n_bad:
+            raise ValueError(outside)
+        if scale_on_host:  # None kept: the loss is nan and the gradients zero, as torch's
+            scale = 1.0 / n_kept if n_kept else 0.0
+    else:
+        torch._assert_async(bad == 0, outside)
+    if reduction == "mean" and not scale_on_host:
+        scale_t = torch.where(count > 0, 1.0 / count.clamp_min(1), 0.0).float()
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, vocab, x.element_size())
     # The padding columns of the logits stay zero (zero weight rows, no bias there): their
@@ -184,15 +198,17 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
         torch.mm(xc, w.t(), out=full)
         logits = full[:, :vocab]
         launch(_ce_rows_kernel, (logits.shape[0],), logits, bias, target[rows], losses[rows],
-               vocab, logits.stride(0), int(ignore_index), float(label_smoothing),
-               HAS_BIAS=bias is not None, SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad,
+               losses if scale_t is None else scale_t, vocab, logits.stride(0),
+               int(ignore_index), float(label_smoothing), HAS_BIAS=bias is not None,
+               SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad, SCALED=scale_t is not None,
                BLOCK=min(block, max(16, next_pow2(vocab))))
-        if with_grad:  # the gradient is in `logits` now, unscaled; the scale is cuBLAS's alpha
+        if with_grad:  # the gradient is in `logits` now; the host's scale is cuBLAS's alpha
             torch.addmm(dx[rows], full, w, beta=0, alpha=scale, out=dx[rows])
             torch.addmm(dw, full.t(), xc, beta=1 if start else 0, alpha=scale, out=dw)
             if db is not None:
                 db += logits.sum(0, dtype=torch.float32)
-    loss = losses.sum() * (scale if count or reduction != "mean" else float("nan"))
+    # The mean over no target: 0 / 0, nan, as torch's.
+    loss = losses.sum() / count if reduction == "mean" else losses.sum()
     if not with_grad:
         return loss, None, None, None
     return loss, dx, dw[:vocab], None if db is None else db.mul_(scale).to(bias.dtype)
@@ -235,14 +251,44 @@ def _backward(ctx, dloss, _dx, _dw, _db):
     dx, dw, db = ctx.saved_tensors
     if dloss is None:  # the loss did not reach the outputs differentiated
         return (None,) * 7
-    # A loss's usual gradient, in the graph's first backward: the gradients made in the forward,
-    # no copy (they become the .grad tensors; a later backward of a retained graph returns
-    # copies, and raises if such a .grad was changed in place since). Else scaled copies.
-    if ctx.first and not is_fake(dloss) and dloss.item() == 1.0:
+    grads = (dx, dw, db) if ctx.has_bias else (dx, dw)
+    if ctx.first and not is_fake(dloss):
+        # The graph's first backward: the gradients made in the forward, scaled in place by the
+        # incoming gradient unless it is 1 (a loss's own), decided on the device: no host sync.
+        # They become the .grad tensors. A later backward of a retained graph returns copies
+        # (and raises if such a .grad was changed in place since).
         ctx.first = False
+        ctx.first_dloss = dloss.detach().float().clone()
+        for t in grads:
+            _scale_unless_one(t, ctx.first_dloss)
         return dx, dw, None, db if ctx.has_bias else None, None, None, None
-    g = dloss.to(dx.dtype)
+    g = dloss.float()
+    if getattr(ctx, "first_dloss", None) is not None:  # the saved gradients hold its scale
+        if ctx.first_dloss.item() == 0:  # a later backward may sync: it is rare
+            raise RuntimeError("linear_cross_entropy: a retained graph whose first backward had "
+                               "a zero incoming gradient cannot be differentiated again (its "
+                               "gradients were scaled to zero in place)")
+        g = g / ctx.first_dloss
+    g = g.to(dx.dtype)
     return (dx * g, dw * g, None, db * g if ctx.has_bias else None, None, None, None)
+
+
+@triton.jit
+def _scale_unless_one_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr):
+    g = tl.load(g_ptr)
+    if g != 1.0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + offs, mask=offs < n)
+        tl.store(x_ptr + offs, (v.to(tl.float32) * g).to(x_ptr.dtype.element_ty), mask=offs < n)
+
+
+def _scale_unless_one(t: torch.Tensor, g: torch.Tensor, block: int = 4096) -> None:
+    """t *= g in place unless the float32 scalar g is 1 (then one load per program, no write).
+    t dense: contiguous, or a 2-D one transposed (dx is laid out as x)."""
+    assert t.is_contiguous() or (t.dim() == 2 and t.t().is_contiguous())
+    if t.numel():
+        launch(_scale_unless_one_kernel, (triton.cdiv(t.numel(), block),), t, g, t.numel(),
+               BLOCK=block)
 
 
 _linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup)

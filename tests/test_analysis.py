@@ -1419,18 +1419,20 @@ def test_warm_tail_steps_name_their_first_calls(monkeypatch):
 
 
 def test_tail_steps_all_run_when_one_fails(monkeypatch, tmp_path, capsys):
-    """make bench's steps after the sweep (cli.TAIL_STEPS) run in the sweep's process, each with
-    its --out; one that raises is reported, the next ones still run, and the bench fails."""
-    import importlib
+    """make bench's steps after the sweep (cli.TAIL_STEPS) run each in a process of its own with
+    its --out; one that fails is reported, the next ones still run, and the bench fails."""
+    import subprocess
+    from types import SimpleNamespace
 
     called = []
-    for step, file in cli.TAIL_STEPS:
-        module = importlib.import_module(f"triton_fusion_report.analysis.bench.{step}")
-        monkeypatch.setattr(module, "main", lambda argv, step=step: called.append((step, argv))
-                            or (1 / 0 if step == "seed002" else 0))
+
+    def fake_run(argv):
+        called.append(argv)
+        return SimpleNamespace(returncode=int("seed002" in argv[2]))
+    monkeypatch.setattr(subprocess, "run", fake_run)
     assert cli.run_tail(tmp_path) == 1
-    assert [s for s, _ in called] == [s for s, _ in cli.TAIL_STEPS]
-    assert ("launch_cost", ["--out", str(tmp_path / "launch_cost.csv")]) in called
+    assert [a[2].rsplit(".", 1)[1] for a in called] == [s for s, _ in cli.TAIL_STEPS]
+    assert called[1][3:] == ["--out", str(tmp_path / "launch_cost.csv")]
     out = capsys.readouterr().out
     assert "bench: seed002" in out and "FAILED" in out and "bench: model_check" in out
 

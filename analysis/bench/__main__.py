@@ -51,12 +51,12 @@ def parse(argv=None):
     ap.add_argument("--warm", type=int, default=-1, metavar="N",
                     help="processes that compile every problem's Triton and torch.compile "
                          "variants before the timed sweep, on one GPU (analysis/bench/warm.py; "
-                         "default -1: three quarters of the CPUs, at most 12, and none on the CPU or with "
+                         "default -1: half the CPUs, at most 8, and none on the CPU or with "
                          "several workers; 0: none)")
     ap.add_argument("--tail", action="store_true",
-                    help="after the sweep, in this process: seed 002's benchmark, the launch "
-                         "costs and the GPT-2 check (TAIL_STEPS; their first calls warmed with "
-                         "the rest), as `make bench` runs the book and full grids")
+                    help="after the sweep: seed 002's benchmark, the launch costs and the GPT-2 "
+                         "check (TAIL_STEPS, each in a process of its own; their first calls "
+                         "warmed with the rest), as `make bench` runs the book and full grids")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--resume", action="store_true",
@@ -132,29 +132,22 @@ def main(argv=None) -> int:
         os.close(held)
 
 
-# The steps after the sweep (module of analysis.bench, its arguments after --out): in the sweep's
-# process, whose imports and loaded kernels they share.
+# The steps after the sweep (module of analysis.bench, its arguments after --out), each in a
+# process of its own: a process that ran the sweep holds its memory and a larger heap, which
+# raised the GPT-2 check's peak memory, host time per step and compile time (measured).
 TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()))
 
 
 def run_tail(out: Path) -> int:
-    """Each TAIL_STEPS step's main, its wall time printed; a failing step does not stop the
-    others. 0 if all succeeded."""
-    import importlib
-    import traceback
+    """Each TAIL_STEPS step, its wall time printed; a failing step does not stop the others. 0
+    if all succeeded."""
+    import subprocess
 
     failed = []
     for step, file in TAIL_STEPS:
         t0 = time.perf_counter()
-        torch._dynamo.reset()
-        try:
-            code = importlib.import_module(f"{__package__}.{step}").main(
-                ["--out", str(out.joinpath(*file))])
-        except Exception:  # noqa: BLE001 - the next steps still run
-            traceback.print_exc()
-            code = 1
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        code = subprocess.run([sys.executable, "-m", f"{__package__}.{step}",
+                               "--out", str(out.joinpath(*file))]).returncode
         print(f"bench: {step} {time.perf_counter() - t0:.0f} s" + (" FAILED" if code else ""),
               flush=True)
         if code:
@@ -162,7 +155,3 @@ def run_tail(out: Path) -> int:
     if failed:
         print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

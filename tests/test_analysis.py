@@ -1418,6 +1418,15 @@ def test_warm_tail_steps_name_their_first_calls(monkeypatch):
     warm.warm_tail("model_check", "torch_compile", torch.device("cpu"))  # reported, not raised
 
 
+def test_the_bench_runs_as_a_module():
+    """`python -m triton_fusion_report.analysis.bench` (what make bench runs) reaches main."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "triton_fusion_report.analysis.bench", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "--tail" in run.stdout
+
+
 def test_tail_steps_all_run_when_one_fails(monkeypatch, tmp_path, capsys):
     """make bench's steps after the sweep (cli.TAIL_STEPS) run each in a process of its own with
     its --out; one that fails is reported, the next ones still run, and the bench fails."""

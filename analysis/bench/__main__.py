@@ -155,3 +155,7 @@ def run_tail(out: Path) -> int:
     if failed:
         print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,9 @@ A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fa
 slower on an H100): the weight is padded with zero rows to a multiple of 64 (a copy per call),
 and so are the logits and dweight. dweight accumulates over the chunks in the weight's dtype
 (cuBLAS adds in float32 and rounds once per chunk, as Liger does: its error grows with the number
-of chunks); the mean's 1/count is the matmuls' alpha, applied in float32.
+of chunks). The mean's 1/count stays on the GPU and scales the gradient in the row kernel (in
+float16 it is the matmuls' alpha, in float32, which needs the count on the host); a target out
+of range is a device-side assert, as in torch: no host sync stalls a training step.
 
 Reductions "mean" (over the targets that are not `ignore_index`, as torch) and "sum"; label
 smoothing as torch's. float16, bfloat16 (logits in the input dtype, as cuBLAS writes them; the
@@ -301,8 +303,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     the logits; differentiable in x, weight and bias (gradients made during the forward).
 
     x (N, H), weight (V, H) as nn.Linear stores it, bias (V,) or None, target (N,) int64 class
-    indices (ignore_index: no loss, no gradient). reduction "mean" or "sum". One float dtype for
-    x, weight and bias; the loss is float32 (as a model's loss on float32 logits)."""
+    indices (ignore_index: no loss, no gradient; any other index outside [0, V) raises
+    ValueError on the CPU, and on a GPU is a device-side assert, as torch's cross-entropy does).
+    reduction "mean" or "sum". One float dtype for x, weight and bias; the loss is float32 (as a
+    model's loss on float32 logits)."""
     if _direct(x, weight, bias):
         return triton_fused(x, weight, target, bias, ignore_index, reduction, label_smoothing,
                             with_grad=False)[0]

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import torch
 
 from . import append, machine, schema, sweep
-from .families import FAMILIES, TRIALS
+from .families import FAMILIES, TIMING, TRIALS
 
 
 def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dict[str, Path]:
@@ -65,7 +65,8 @@ def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dic
                       f"{row['unit']}")
     paths = sweep.run(problems, out, device, meta, limit_rows,
                       progress=not args.no_progress and on_row is None, on_row=on_row,
-                      keep_existing=resume, trials=TRIALS[getattr(args, "grid", "full")])
+                      keep_existing=resume, trials=TRIALS[getattr(args, "grid", "full")],
+                      timing=TIMING[getattr(args, "grid", "full")])
     files = {out / f"{f}.parquet" for f in FAMILIES if (out / f"{f}.parquet").exists()}
     n_rows = sum(schema.read(path)["run_id"].eq(meta["run_id"]).sum()
                  for path in files | set(paths.values()))

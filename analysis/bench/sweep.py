@@ -279,13 +279,15 @@ def remaining(problems, out_dir: Path, run_id) -> list:
 
 def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: list[dict],
         progress: bool = True, trials: int = TRIALS, on_row=None,
-        keep_existing: bool = False) -> dict[str, Path]:
+        keep_existing: bool = False, timing: dict | None = None) -> dict[str, Path]:
     """Every problem in turn: its variants checked against float64, then timed in `trials` rounds,
     each round on fresh random inputs, every variant once per round (the order rotated), so that
     a slow drift of the GPU (clocks, temperature) spreads over all of them rather than falling on
     one. A variant's row is written once its trials are done; failures at once. `problems` may be
     an iterator (a worker's share, taken from a queue); `on_row()` is called after each row.
-    keep_existing: add to the family files' rows (a resumed run) instead of starting them."""
+    keep_existing: add to the family files' rows (a resumed run) instead of starting them.
+    timing: the protocol's knobs other than the defaults (bench's warmup_ms, rep_ms, min_reps;
+    device_ms's graph_ms)."""
     limits = limits_lookup(limit_rows)
     sinks: dict[str, schema.ParquetSink] = {}
     hashes: dict[str, str] = {}  # family -> kernel hash, once per run
@@ -305,7 +307,7 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
                 keep_existing=keep_existing)
         if bar is not None:
             bar.set_description(f"{problem.op} {problem.shape}"[:60])
-        for row in _run_problem(problem, device, limits, trials):
+        for row in _run_problem(problem, device, limits, trials, timing):
             if row["impl"].startswith("triton"):
                 if problem.family not in hashes:
                     hashes[problem.family] = machine.kernel_hash(problem.family)
@@ -321,9 +323,11 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
     return {family: sink.path for family, sink in sinks.items()}
 
 
-def _run_problem(problem: Problem, device, limits: dict, trials: int):
+def _run_problem(problem: Problem, device, limits: dict, trials: int, timing: dict | None = None):
     """Yields the rows of one problem: failures as they happen, the timed rows after the last
     trial."""
+    timing = dict(timing or {})
+    graph_ms = {"graph_ms": timing.pop("graph_ms")} if "graph_ms" in timing else {}
     torch._dynamo.reset()  # this problem's compiled variants start from nothing (see Compiled)
     try:
         inputs = problem.make_inputs(device)
@@ -363,13 +367,14 @@ def _run_problem(problem: Problem, device, limits: dict, trials: int):
             try:
                 known = st["trials"][-1].get("estimate_ms") if st["trials"] else None
                 st["trials"].append(bench(lambda: variant.fn(*inputs), device,
-                                          estimate_ms=known))
+                                          estimate_ms=known, **timing))
                 if trial == 0:
                     st["peak"] = peak_mib(lambda: variant.fn(*inputs), device)
                     if problem.graph:
                         graph_fn = variant.graph_fn or variant.fn
                         st["ms_device"] = device_ms(lambda: graph_fn(*inputs), device,
-                                                    estimate_ms=st["trials"][0]["ms_median"])
+                                                    estimate_ms=st["trials"][0]["ms_median"],
+                                                    **graph_ms)
             except Exception as exc:  # noqa: BLE001
                 _release(device)
                 del state[i]

@@ -306,14 +306,8 @@ def smoke_problems(family, op=None):
 
 
 def bwd_rows():
-    """The rows of the first softmax_bwd problem of the smoke grid: one per implementation."""
+    """The rows of one softmax_bwd problem of the smoke grid: one per implementation."""
     return len(smoke_problems("softmax", "softmax_bwd")[0].variants)
-
-
-def both_bwd_rows():
-    """The rows of both softmax_bwd problems of tiny_softmax_grid (the second without the
-    baselines the smoke grid checks once: families.SMOKE_ONCE)."""
-    return sum(len(p.variants) for p in smoke_problems("softmax", "softmax_bwd"))
 
 
 @pytest.fixture
@@ -338,7 +332,7 @@ def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid
     df = table.to_pandas()
     assert set(df["op"]) == {"softmax_bwd"} and set(df["direction"]) == {"bwd"}
     assert ok_or_peer_missing(df), df[df["status"] != "ok"][["impl", "error"]]
-    assert len(df) == both_bwd_rows()
+    assert len(df) == 2 * bwd_rows()
     fused = df[df["impl"] == "triton_fused"].set_index("width")["variant"]
     assert fused.to_dict() == {16400: "two_pass", 33: "one_tile"}
     assert (df["bytes_model"] == 3 * df["rows"] * df["width"] * df["dtype"].map(
@@ -852,7 +846,7 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
         assert cli.main(["--out", str(out), *base, "--resume"]) == 0
         assert "1 of 2 problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert len(df) == both_bwd_rows()
+    assert len(df) == 2 * bwd_rows()
     assert not df.duplicated(["impl", "dtype", "rows", "width"]).any()
     assert pd.read_parquet(out / "limits.parquet").run_id.nunique() == 1
     assert not (out / ".parts").exists()
@@ -914,7 +908,7 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
     assert len(pd.read_parquet(out / "softmax.parquet")) == bwd_rows() + 1
     monkeypatch.setattr(sweep, "_run_problem", real)
     assert cli.main(argv + ["--resume"]) == 0
-    assert len(pd.read_parquet(out / "softmax.parquet")) == both_bwd_rows()
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * bwd_rows()
 
 
 @two_workers
@@ -1041,11 +1035,11 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
     assert cli.main(argv + ["--resume"]) == 0
     assert "1 of 2 problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert set(df["run_id"]) == {run_id} and len(df) == both_bwd_rows()
+    assert set(df["run_id"]) == {run_id} and len(df) == 2 * bwd_rows()
     assert not df.duplicated(["impl", "dtype", "rows", "width", "variant"]).any()
     assert len(pd.read_parquet(out / "limits.parquet")) == n_limits  # not measured again
     runs = pd.read_parquet(out / "runs.parquet")
-    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == both_bwd_rows()
+    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == 2 * bwd_rows()
     assert runs["argv"].iloc[0].count("--op softmax_bwd") == 2
 
     with pytest.raises(SystemExit, match="no unfinished run"):
@@ -1084,8 +1078,8 @@ def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_so
     monkeypatch.setattr(sweep, "_run_problem", second_process_meanwhile)
     assert cli.main(argv) == 0
     assert refused
-    assert len(pd.read_parquet(out / "softmax.parquet")) == both_bwd_rows()
-    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [both_bwd_rows()]
+    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * bwd_rows()
+    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [2 * bwd_rows()]
 
 
 @FULL

@@ -109,9 +109,6 @@ def parse(argv=None):
 def main(argv=None) -> int:
     t0 = time.perf_counter()
     args, problems = parse(argv)
-    from .warm import compile_in_process
-
-    compile_in_process(args.grid)
     held = lock(args.out)
     try:
         if args.workers > 1:

@@ -6,8 +6,8 @@ Three grids:
   configuration, and the two baselines that search at every new shape (torch.compile's
   max-autotune, FlagGems' autotuned attention) at each family's headline case only.
 - "full": every size, block and baseline, three trials: what builds the committed references.
-- "smoke": toy shapes, one brief trial, no max-autotune, torch.compile and the peers at each
-  op's first shape only (the pipeline's check, on a CPU or a GPU).
+- "smoke": toy shapes, one brief trial, no max-autotune (the pipeline's check, on a CPU or a
+  GPU).
 """
 from __future__ import annotations
 
@@ -37,9 +37,6 @@ TIMING = {"book": {}, "full": {}, "smoke": dict(warmup_ms=1, rep_ms=5, min_reps=
 # and its loss (58 s, on an H100) not at all.
 SEARCHING = {("layernorm", "flag_gems"), *((f, "torch_compile_max") for f in FAMILIES)}
 BOOK_LEAVES_OUT = {("attention", "flag_gems"), ("linear_cross_entropy", "torch_compile_max")}
-# Baselines that compile or tune at every new shape: in the smoke grid at each op's first
-# problem only (the pipeline's check needs each path once).
-SMOKE_ONCE = {"torch_compile", "flag_gems", "liger"}
 
 
 def is_headline(p: sweep.Problem) -> bool:
@@ -82,13 +79,9 @@ def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> lis
 def select_problems(args) -> list[sweep.Problem]:
     """The grid's problems, in a fixed order (every worker builds the same list)."""
     problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
-    seen_ops = set()
     for p in problems:
         if args.grid == "smoke":  # toy shapes: max-autotune's search would be most of the time
-            first = p.op not in seen_ops
-            seen_ops.add(p.op)
-            p.variants = [v for v in p.variants if v.impl != "torch_compile_max"
-                          and (first or v.impl not in SMOKE_ONCE)]
+            p.variants = [v for v in p.variants if v.impl != "torch_compile_max"]
         elif args.grid == "book":
             dropped = BOOK_LEAVES_OUT | (set() if is_headline(p) else SEARCHING)
             p.variants = [v for v in p.variants if (p.family, v.impl) not in dropped]

@@ -45,15 +45,6 @@ def default_workers() -> int:
     return max(1, min(MAX_WORKERS, (cpus or 2) // 2))
 
 
-def compile_in_process(grid: str) -> None:
-    """In the smoke grid, Inductor compiles its (toy) kernels in this process: starting its pool
-    of compiling processes cost more than it saved (measured on an H100 host)."""
-    if grid == "smoke":
-        import torch._inductor.config as inductor_config
-
-        inductor_config.compile_threads = 1
-
-
 def no_kept_choices() -> None:
     """This process keeps no tuning choice on disk: Triton's autotuner cache and our tuner's
     (both follow TRITON_CACHE_AUTOTUNING), Inductor's autotuning results."""
@@ -108,7 +99,6 @@ def warm_problem(problem, device: torch.device) -> int:
 def _worker(args, queue, times) -> None:
     t0 = time.perf_counter()
     no_kept_choices()
-    compile_in_process(args.grid)
     device = torch.device(args.device)
     problems = select_problems(args)
     times.put(("start", time.perf_counter() - t0))

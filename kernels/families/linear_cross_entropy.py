@@ -257,21 +257,22 @@ def _backward(ctx, dloss, _dx, _dw, _db):
     if ctx.first and not is_fake(dloss):
         # The graph's first backward: the gradients made in the forward, scaled in place by the
         # incoming gradient unless it is 1 (a loss's own), decided on the device: no host sync.
-        # They become the .grad tensors. A later backward of a retained graph returns copies
-        # (and raises if such a .grad was changed in place since).
+        # They become the .grad tensors.
         ctx.first = False
         ctx.first_dloss = dloss.detach().float().clone()
         for t in grads:
             _scale_unless_one(t, ctx.first_dloss)
         return dx, dw, None, db if ctx.has_bias else None, None, None, None
-    g = dloss.float()
-    if getattr(ctx, "first_dloss", None) is not None:  # the saved gradients hold its scale
-        if ctx.first_dloss.item() == 0:  # a later backward may sync: it is rare
-            raise RuntimeError("linear_cross_entropy: a retained graph whose first backward had "
-                               "a zero incoming gradient cannot be differentiated again (its "
-                               "gradients were scaled to zero in place)")
-        g = g / ctx.first_dloss
-    g = g.to(dx.dtype)
+    # A later backward of a retained graph (it may sync: it is rare): scaled copies of the saved
+    # gradients, exact where the first incoming gradient was 1 (they were left as made); else they
+    # hold that scale, rounded in their dtype (a float16 one may have underflowed), and cannot be
+    # taken back. (Autograd raises if such a .grad was changed in place since.)
+    first = getattr(ctx, "first_dloss", None)
+    if first is not None and first.item() != 1.0:
+        raise RuntimeError("linear_cross_entropy: a retained graph whose first backward's incoming "
+                           f"gradient was {first.item():g}, not 1, cannot be differentiated again "
+                           "(its gradients were scaled in place); use the PyTorch reference")
+    g = dloss.to(dx.dtype)
     return (dx * g, dw * g, None, db * g if ctx.has_bias else None, None, None, None)
 
 
@@ -304,9 +305,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
 
     x (N, H), weight (V, H) as nn.Linear stores it, bias (V,) or None, target (N,) int64 class
     indices (ignore_index: no loss, no gradient; any other index outside [0, V) raises
-    ValueError on the CPU, and on a GPU is a device-side assert, as torch's cross-entropy does).
-    reduction "mean" or "sum". One float dtype for x, weight and bias; the loss is float32 (as a
-    model's loss on float32 logits)."""
+    ValueError, except on a GPU, where it is a device-side assert as in torch's cross-entropy,
+    but for the float16 mean). reduction "mean" or "sum". One float dtype for x, weight and bias;
+    the loss is float32 (as a model's loss on float32 logits). A retained graph may be
+    differentiated again where the first backward's incoming gradient was 1 (a loss's own)."""
     if _direct(x, weight, bias):
         return triton_fused(x, weight, target, bias, ignore_index, reduction, label_smoothing,
                             with_grad=False)[0]

@@ -152,8 +152,6 @@ def run_tail(out: Path) -> int:
               flush=True)
         if code:
             failed.append(step)
-    if failed:
-        print(f"bench: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 

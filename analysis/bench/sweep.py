@@ -287,7 +287,7 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
     an iterator (a worker's share, taken from a queue); `on_row()` is called after each row.
     keep_existing: add to the family files' rows (a resumed run) instead of starting them.
     timing: the protocol's knobs other than the defaults (bench's warmup_ms, rep_ms, min_reps;
-    device_ms's graph_ms)."""
+    device_ms's per_graph_ms)."""
     limits = limits_lookup(limit_rows)
     sinks: dict[str, schema.ParquetSink] = {}
     hashes: dict[str, str] = {}  # family -> kernel hash, once per run
@@ -327,7 +327,7 @@ def _run_problem(problem: Problem, device, limits: dict, trials: int, timing: di
     """Yields the rows of one problem: failures as they happen, the timed rows after the last
     trial."""
     timing = dict(timing or {})
-    graph_ms = {"graph_ms": timing.pop("graph_ms")} if "graph_ms" in timing else {}
+    graph = {"per_graph_ms": timing.pop("per_graph_ms")} if "per_graph_ms" in timing else {}
     torch._dynamo.reset()  # this problem's compiled variants start from nothing (see Compiled)
     try:
         inputs = problem.make_inputs(device)
@@ -374,7 +374,7 @@ def _run_problem(problem: Problem, device, limits: dict, trials: int, timing: di
                         graph_fn = variant.graph_fn or variant.fn
                         st["ms_device"] = device_ms(lambda: graph_fn(*inputs), device,
                                                     estimate_ms=st["trials"][0]["ms_median"],
-                                                    **graph_ms)
+                                                    **graph)
             except Exception as exc:  # noqa: BLE001
                 _release(device)
                 del state[i]

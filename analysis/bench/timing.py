@@ -151,7 +151,7 @@ def graph_ms(fn, device: torch.device, rep_ms: float = 20) -> float | None:
 
 
 def device_ms(fn, device: torch.device, estimate_ms: float | None = None,
-              graph_ms: float = DEVICE_GRAPH_MS) -> float | None:
+              per_graph_ms: float = DEVICE_GRAPH_MS) -> float | None:
     """Median GPU time of one cold call, without the host: a CUDA graph of N groups (write
     FLUSH_BYTES to flush the L2, event, call, event) replayed twice, the first replay discarded.
     Unlike `graph_ms` an input smaller than the L2 is read from memory, as in `bench`. None where
@@ -159,7 +159,7 @@ def device_ms(fn, device: torch.device, estimate_ms: float | None = None,
     if device.type != "cuda":
         return None
     per_call = max(estimate_ms or 1.0, 0.005)
-    reps = int(min(max(graph_ms / per_call, DEVICE_REPS[0]), DEVICE_REPS[1]))
+    reps = int(min(max(per_graph_ms / per_call, DEVICE_REPS[0]), DEVICE_REPS[1]))
     cache = _flush_buffer(device)
     starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(reps)]

@@ -1,4 +1,5 @@
 """The traffic model's numbers, the Parquet sink, and a sweep smoke run on a tiny grid."""
+import os
 import sys
 from pathlib import Path
 
@@ -306,8 +307,14 @@ def smoke_problems(family, op=None):
 
 
 def bwd_rows():
-    """The rows of one softmax_bwd problem of the smoke grid: one per implementation."""
+    """The rows of the first softmax_bwd problem of the smoke grid: one per implementation."""
     return len(smoke_problems("softmax", "softmax_bwd")[0].variants)
+
+
+def all_bwd_rows():
+    """The rows of every softmax_bwd problem of the smoke grid (the baselines but ours and eager
+    at the first shape only)."""
+    return sum(len(p.variants) for p in smoke_problems("softmax", "softmax_bwd"))
 
 
 @pytest.fixture
@@ -332,7 +339,7 @@ def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid
     df = table.to_pandas()
     assert set(df["op"]) == {"softmax_bwd"} and set(df["direction"]) == {"bwd"}
     assert ok_or_peer_missing(df), df[df["status"] != "ok"][["impl", "error"]]
-    assert len(df) == 2 * bwd_rows()
+    assert len(df) == all_bwd_rows()
     fused = df[df["impl"] == "triton_fused"].set_index("width")["variant"]
     assert fused.to_dict() == {16400: "two_pass", 33: "one_tile"}
     assert (df["bytes_model"] == 3 * df["rows"] * df["width"] * df["dtype"].map(
@@ -846,7 +853,7 @@ def test_resume_after_a_bench_stopped_in_its_merge(tmp_path, tiny_softmax_grid, 
         assert cli.main(["--out", str(out), *base, "--resume"]) == 0
         assert "1 of 2 problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert len(df) == 2 * bwd_rows()
+    assert len(df) == all_bwd_rows()
     assert not df.duplicated(["impl", "dtype", "rows", "width"]).any()
     assert pd.read_parquet(out / "limits.parquet").run_id.nunique() == 1
     assert not (out / ".parts").exists()
@@ -908,7 +915,7 @@ def test_a_worker_that_dies_fails_the_bench(tmp_path, tiny_softmax_grid, monkeyp
     assert len(pd.read_parquet(out / "softmax.parquet")) == bwd_rows() + 1
     monkeypatch.setattr(sweep, "_run_problem", real)
     assert cli.main(argv + ["--resume"]) == 0
-    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * bwd_rows()
+    assert len(pd.read_parquet(out / "softmax.parquet")) == all_bwd_rows()
 
 
 @two_workers
@@ -1035,11 +1042,11 @@ def test_resume_continues_the_same_run(tmp_path, tiny_softmax_grid, monkeypatch,
     assert cli.main(argv + ["--resume"]) == 0
     assert "1 of 2 problems done" in capsys.readouterr().out
     df = pd.read_parquet(out / "softmax.parquet")
-    assert set(df["run_id"]) == {run_id} and len(df) == 2 * bwd_rows()
+    assert set(df["run_id"]) == {run_id} and len(df) == all_bwd_rows()
     assert not df.duplicated(["impl", "dtype", "rows", "width", "variant"]).any()
     assert len(pd.read_parquet(out / "limits.parquet")) == n_limits  # not measured again
     runs = pd.read_parquet(out / "runs.parquet")
-    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == 2 * bwd_rows()
+    assert runs["status"].tolist() == ["finished"] and runs["rows"].iloc[0] == all_bwd_rows()
     assert runs["argv"].iloc[0].count("--op softmax_bwd") == 2
 
     with pytest.raises(SystemExit, match="no unfinished run"):
@@ -1078,8 +1085,8 @@ def test_a_folder_being_written_is_refused_to_a_second_process(tmp_path, tiny_so
     monkeypatch.setattr(sweep, "_run_problem", second_process_meanwhile)
     assert cli.main(argv) == 0
     assert refused
-    assert len(pd.read_parquet(out / "softmax.parquet")) == 2 * bwd_rows()
-    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [2 * bwd_rows()]
+    assert len(pd.read_parquet(out / "softmax.parquet")) == all_bwd_rows()
+    assert pd.read_parquet(out / "runs.parquet")["rows"].tolist() == [all_bwd_rows()]
 
 
 @FULL
@@ -1427,23 +1434,35 @@ def test_the_bench_runs_as_a_module():
     assert run.returncode == 0 and "--tail" in run.stdout
 
 
-def test_tail_steps_all_run_when_one_fails(monkeypatch, tmp_path, capsys):
-    """make bench's steps after the sweep (cli.TAIL_STEPS) run each in a process of its own with
-    its --out; one that fails is reported, the next ones still run, and the bench fails."""
-    import subprocess
-    from types import SimpleNamespace
-
-    called = []
-
-    def fake_run(argv):
-        called.append(argv)
-        return SimpleNamespace(returncode=int("seed002" in argv[2]))
-    monkeypatch.setattr(subprocess, "run", fake_run)
-    assert cli.run_tail(tmp_path) == 1
-    assert [a[2].rsplit(".", 1)[1] for a in called] == [s for s, _ in cli.TAIL_STEPS]
-    assert called[1][3:] == ["--out", str(tmp_path / "launch_cost.csv")]
-    out = capsys.readouterr().out
-    assert "bench: seed002" in out and "FAILED" in out and "bench: model_check" in out
+def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
+    """make bench's steps after the sweep (cli.TAIL_STEPS) start before it, each in a process of
+    its own with its --out, and run in turn once told; one that fails is reported, the next ones
+    still run, and the bench fails. A step never told to go exits without running."""
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    (steps / "__init__.py").write_text("")
+    for step, _ in cli.TAIL_STEPS:  # stand-ins: each records its argv; seed002 fails
+        (steps / f"{step}.py").write_text(
+            "import pathlib, sys\n"
+            "def main(argv):\n"
+            f"    pathlib.Path({str(tmp_path)!r}, '{step}.ran').write_text(' '.join(argv))\n"
+            f"    return {int(step == 'seed002')}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setattr(cli, "__package__", "steps")
+    out = tmp_path / "run"
+    assert cli.run_tail(cli.start_tail(out)) == 1
+    assert (tmp_path / "launch_cost.ran").read_text() == f"--out {out / 'launch_cost.csv'}"
+    assert all((tmp_path / f"{s}.ran").exists() for s, _ in cli.TAIL_STEPS)
+    printed = capsys.readouterr().out
+    assert "bench: seed002" in printed and "FAILED" in printed and "bench: model_check" in printed
+    for step in (tmp_path / f"{s}.ran" for s, _ in cli.TAIL_STEPS):
+        step.unlink()
+    waiting = cli.start_tail(out)
+    for _, proc in waiting:
+        proc.stdin.close()
+    assert [proc.wait(timeout=60) for _, proc in waiting] == [2, 2, 2]
+    assert not list(tmp_path.glob("*.ran"))
 
 
 @FULL

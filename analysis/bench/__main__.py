@@ -11,7 +11,9 @@ alone; `python tools/append_run.py` then adds them to a results folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -110,6 +112,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     args, problems = parse(argv)
     held = lock(args.out)
+    tail = start_tail(args.out) if args.tail else []
     try:
         if args.workers > 1:
             from . import workers  # multiprocessing: only where several workers run
@@ -127,8 +130,16 @@ def main(argv=None) -> int:
             print(summary.table(schema.read(path)))
             print(f"-> {path}")
         print(f"bench: sweep {time.perf_counter() - t0:.0f} s", flush=True)
-        return run_tail(args.out) if args.tail else 0
+        return run_tail(tail) if tail else 0
     finally:
+        for _, proc in tail:  # those not run (the sweep failed): told to exit
+            if proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         os.close(held)
 
 
@@ -136,18 +147,31 @@ def main(argv=None) -> int:
 # process of its own: a process that ran the sweep holds its memory and a larger heap, which
 # raised the GPT-2 check's peak memory, host time per step and compile time (measured).
 TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()))
+# A tail step's process: it imports its module (and what the module's `preload` names) at once,
+# then waits for "go" on its stdin before its main touches the GPU; anything else: it exits, 2.
+_WAITING_STEP = ("import importlib, sys; step = importlib.import_module(sys.argv[1]); "
+                 "getattr(step, 'preload', lambda: None)(); "
+                 "sys.exit(step.main(sys.argv[2:]) if sys.stdin.readline() == 'go\\n' else 2)")
 
 
-def run_tail(out: Path) -> int:
-    """Each TAIL_STEPS step, its wall time printed; a failing step does not stop the others. 0
-    if all succeeded."""
-    import subprocess
+def start_tail(out: Path) -> list[tuple[str, subprocess.Popen]]:
+    """The TAIL_STEPS' processes, started before the sweep so that their imports (seconds each
+    on a machine just started) are done by the time they run; each waits for run_tail."""
+    return [(step, subprocess.Popen([sys.executable, "-c", _WAITING_STEP,
+                                     f"{__package__}.{step}", "--out", str(out.joinpath(*file))],
+                                    stdin=subprocess.PIPE, text=True))
+            for step, file in TAIL_STEPS]
 
+
+def run_tail(tail: list[tuple[str, subprocess.Popen]]) -> int:
+    """Each started step in turn, its wall time printed; a failing step does not stop the others.
+    0 if all succeeded."""
     failed = []
-    for step, file in TAIL_STEPS:
+    for step, proc in tail:
         t0 = time.perf_counter()
-        code = subprocess.run([sys.executable, "-m", f"{__package__}.{step}",
-                               "--out", str(out.joinpath(*file))]).returncode
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        code = proc.wait()
         print(f"bench: {step} {time.perf_counter() - t0:.0f} s" + (" FAILED" if code else ""),
               flush=True)
         if code:

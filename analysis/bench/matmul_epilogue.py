@@ -36,11 +36,12 @@ MS_GRIDS = {
             (2048, 256, 1000), (512, 4096, 200), (8192, 1536, 3000),
             *MS_HELD_OUT],
     },
-    # The seed's shapes in float16, its largest in float32; three vocabulary-sized heads.
+    # The seed's shapes in float16, its largest in float32; the traffic model's memory-bound
+    # shape (analysis/book/matmul.py); three vocabulary-sized heads.
     "book": {
         torch.float32: SEED_SHAPES[-1:],
-        torch.float16: SEED_SHAPES + [(16384, 1024, 32000), (4096, 1024, 128256),
-                                      (4096, 768, 50257)],
+        torch.float16: SEED_SHAPES + [(65536, 512, 256), (16384, 1024, 32000),
+                                      (4096, 1024, 128256), (4096, 768, 50257)],
     },
     "smoke": {torch.float32: [(33, 70, 50)], torch.float16: [(40, 64, 300)]},
 }

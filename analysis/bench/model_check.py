@@ -310,6 +310,15 @@ def _write(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def preload() -> None:
+    """What main imports, imported ahead (make bench starts this step's process before the
+    sweep; analysis/bench/__main__.py)."""
+    try:
+        from transformers import GPT2LMHeadModel  # noqa: F401
+    except ImportError:
+        pass
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench.model_check",
                                  description=__doc__,

@@ -85,7 +85,9 @@ def parse(argv=None):
         from ...kernels._checks import interpreting
 
         if not interpreting():
-            ap.error("no GPU: set TRITON_INTERPRET=1 to sweep on the CPU through the interpreter")
+            ap.error("no CUDA GPU here: the bench times kernels on a GPU (without one, "
+                     "'make report' renders the committed reference results); TRITON_INTERPRET=1 "
+                     "sweeps on the CPU through the interpreter, a check of the pipeline")
     if args.workers is None:
         cuda = torch.device(args.device).type == "cuda" and torch.device(args.device).index is None
         args.workers = torch.cuda.device_count() if cuda else 1

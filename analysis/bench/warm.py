@@ -29,9 +29,9 @@ import torch
 from .families import select_problems
 
 # The implementations whose first call compiles (and, for the searching ones, times candidates
-# whose pick is not kept), the kinds whose first calls take longest first.
-WARMED = ("torch_compile_max", "torch_compile", "flag_gems", "triton_fused", "liger",
-          "triton_unfused")
+# whose pick is not kept).
+WARMED = ("triton_unfused", "triton_fused", "torch_compile", "torch_compile_max", "liger",
+          "flag_gems")
 MAX_WORKERS = 8
 # The first calls of the steps after the sweep, as (module of analysis.bench, argument of its
 # warm): one job per compiled GPT-2, the longest jobs.
@@ -67,17 +67,16 @@ def no_cached_graph():
     return stack
 
 
-def warm_problem(problem, device: torch.device, only: int | None = None) -> int:
-    """Call each warmed variant of `problem` (or its variant number `only`) once, and its
-    graph_fn; the number of calls that ran."""
+def warm_problem(problem, device: torch.device) -> int:
+    """Call each warmed variant of `problem` once (and its graph_fn); the number that ran."""
     ran = 0
     torch._dynamo.reset()
     try:
         inputs = problem.make_inputs(device)
     except Exception:  # noqa: BLE001 - e.g. out of memory beside the other workers
         return 0
-    for k, variant in enumerate(problem.variants):
-        if variant.impl not in WARMED or only is not None and k != only:
+    for variant in problem.variants:
+        if variant.impl not in WARMED:
             continue
         for fn in (variant.fn, variant.graph_fn):
             if fn is None:
@@ -103,15 +102,14 @@ def _worker(args, queue, times) -> None:
     device = torch.device(args.device)
     problems = select_problems(args)
     times.put(("start", time.perf_counter() - t0))
-    while (job := queue.get()) is not None:
+    while (i := queue.get()) is not None:
         t0 = time.perf_counter()
-        if isinstance(job[0], str):
-            warm_tail(*job, device)
-            name = " ".join(str(a) for a in job if a is not None)
+        if isinstance(i, tuple):
+            warm_tail(*i, device)
+            name = " ".join(str(a) for a in i if a is not None)
         else:
-            i, k = job
-            warm_problem(problems[i], device, only=k)
-            name = f"{problems[i].op} {problems[i].variants[k].impl} {problems[i].shape}"
+            warm_problem(problems[i], device)
+            name = f"{problems[i].op} {problems[i].shape}"
         times.put((name, time.perf_counter() - t0))  # also the parent's progress count
     if mp.parent_process() is not None:  # as workers.py: skip a teardown that can abort
         times.close()
@@ -140,20 +138,17 @@ def _key(p) -> tuple:
 
 def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     """Warm `problems` (those the timed sweep will measure), and with `tail` the TAIL steps, in
-    `workers` processes, each of which rebuilds the grid and takes jobs (a problem's index in it
-    and a variant's); (the seconds it took, a line naming the longest jobs and a process's
-    start-up)."""
+    `workers` processes, each of which rebuilds the grid and takes problems by their index in
+    it; (the seconds it took, a line naming the longest jobs and a process's start-up)."""
     t0 = time.perf_counter()
     where = {_key(p): i for i, p in enumerate(select_problems(args))}
-    # A job per warmed variant (a problem's variants compile in parallel), the longest kinds
-    # first so that none starts last: max-autotune's search, Inductor's compiles, the peers'
-    # autotuning, then ours.
-    kinds = [(WARMED.index(v.impl), where[_key(p)], k) for p in problems
-             for k, v in enumerate(p.variants) if v.impl in WARMED]
-    todo = [(i, k) for _, i, k in sorted(kinds, key=lambda job: job[0])]
+    todo = [where[_key(p)] for p in problems if any(v.impl in WARMED for v in p.variants)]
+    # Longest first, so that no long one starts last: max-autotune's, then by variants.
+    cost = {where[_key(p)]: (any(v.impl == "torch_compile_max" for v in p.variants),
+                             len(p.variants)) for p in problems}
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     queue, times = ctx.Queue(), ctx.Queue()
-    todo = [*(TAIL if tail else ()), *todo]
+    todo = [*(TAIL if tail else ()), *sorted(todo, key=lambda i: cost[i], reverse=True)]
     for i in todo:
         queue.put(i)
     for _ in range(workers):
@@ -169,7 +164,7 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
         time.sleep(1)
         if len(jobs) != last and not args.no_progress:
             last = len(jobs)
-            print(f"\rwarming the compile caches: {last}/{len(todo)} jobs, "
+            print(f"\rwarming the compile caches: {last}/{len(todo)} problems, "
                   f"{workers} processes, {time.perf_counter() - t0:.0f} s", end="",
                   file=sys.stderr, flush=True)
     if not args.no_progress:

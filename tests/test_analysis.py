@@ -1465,14 +1465,38 @@ def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
     assert not list(tmp_path.glob("*.ran"))
 
 
-@FULL
-def test_warm_processes_run_the_smoke_grid(tmp_path):
-    """Two spawned processes warm the elementwise smoke grid (the interpreter: the machinery)."""
+def test_a_finished_compile_pass_is_not_run_again(monkeypatch, tmp_path):
+    """A compile pass that ran to its end marks both caches; the same bench then skips it, not
+    another grid's problems, nor one with the tail steps, nor after either cache is emptied."""
     from types import SimpleNamespace
 
     from triton_fusion_report.analysis.bench import warm
 
+    folders = [tmp_path / "triton", tmp_path / "inductor"]
+    monkeypatch.setattr(warm, "cache_folders", lambda: folders)
+    args = SimpleNamespace(grid="smoke", family=["elementwise"], op=None, where=None)
+    problems = families.select_problems(args)
+    assert not warm.already_warm(args, problems, False)
+    warm.mark_warm(args, problems, False)
+    assert warm.already_warm(args, problems, False)
+    assert not warm.already_warm(args, problems, True)
+    assert not warm.already_warm(args, problems[1:], False)
+    next(folders[0].glob("fusion-warm-*")).unlink()  # Triton's cache emptied
+    assert not warm.already_warm(args, problems, False)
+
+
+@FULL
+def test_warm_processes_run_the_smoke_grid(tmp_path, monkeypatch):
+    """Two spawned processes warm the elementwise smoke grid (the interpreter: the machinery),
+    and the finished pass marks the caches."""
+    from types import SimpleNamespace
+
+    from triton_fusion_report.analysis.bench import warm
+
+    monkeypatch.setattr(warm, "cache_folders", lambda: [tmp_path / "triton", tmp_path / "ind"])
     args = SimpleNamespace(grid="smoke", family=["elementwise"], op=None, where=None,
                            device="cpu", no_progress=True)
-    took, longest = warm.run(args, families.select_problems(args), 2)
+    problems = families.select_problems(args)
+    took, longest = warm.run(args, problems, 2)
     assert took > 0 and "a process's start" in longest and "add_mul" in longest, longest
+    assert warm.already_warm(args, problems, False)

@@ -124,9 +124,13 @@ def main(argv=None) -> int:
             if args.warm > 0:
                 from . import warm
 
-                took, longest = warm.run(args, problems, args.warm, tail=args.tail)
-                print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes; "
-                      f"{longest})", flush=True)
+                if warm.already_warm(args, problems, args.tail):
+                    print("compile caches warm: a compile pass of this bench ran to its end "
+                          "into them (analysis/bench/warm.py); none now", flush=True)
+                else:
+                    took, longest = warm.run(args, problems, args.warm, tail=args.tail)
+                    print(f"warmed the compile caches in {took:.0f} s ({args.warm} processes; "
+                          f"{longest})", flush=True)
             paths = measure(args, problems, args.out, torch.device(args.device))
         for family, path in paths.items():
             print(summary.table(schema.read(path)))

@@ -15,14 +15,22 @@ choice the timed rows run is made by the timed process alone. With `tail`, the w
 the first calls of the steps after the sweep (the GPT-2 check's compiled models, the launch-cost
 cases), the longest jobs, taken first. Nothing a worker does reaches the results: a variant that
 fails here fails (or not) again in the timed sweep, which records it.
+
+A pass that ran to its end leaves a marker file in Triton's and Inductor's cache folders, named
+by what it warmed (the grid's problems, the tail, the sources, torch's and Triton's versions, the
+GPU model); a later bench of the same finds both markers and skips the pass (`already_warm`):
+on a second run the caches hold what it would compile, and it cost ~60 s of re-tracing. Emptying
+either cache removes its marker.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing as mp
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -136,6 +144,40 @@ def _key(p) -> tuple:
     return (p.family, p.op, p.precision, tuple(sorted(p.shape.items())))
 
 
+def marker_name(args, problems, tail: bool) -> str:
+    """The file a finished compile pass of `problems` (and the tail steps) leaves in each cache
+    folder: named by the grid, the problems, the tail, the sources, the versions, the GPU."""
+    import triton
+
+    from .machine import source_hash
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    key = repr((args.grid, sorted(repr(_key(p)) for p in problems), tail, source_hash(),
+                torch.__version__, triton.__version__, gpu))
+    return "fusion-warm-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def cache_folders() -> list[Path]:
+    """Triton's kernel cache and Inductor's (where the pass's work lands)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from triton import knobs
+
+    return [Path(knobs.cache.dir), Path(cache_dir())]
+
+
+def already_warm(args, problems, tail: bool) -> bool:
+    """Whether a compile pass of the same ran to its end into both caches as they are now."""
+    name = marker_name(args, problems, tail)
+    return all((folder / name).exists() for folder in cache_folders())
+
+
+def mark_warm(args, problems, tail: bool) -> None:
+    name = marker_name(args, problems, tail)
+    for folder in cache_folders():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).touch()
+
+
 def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     """Warm `problems` (those the timed sweep will measure), and with `tail` the TAIL steps, in
     `workers` processes, each of which rebuilds the grid and takes problems by their index in
@@ -172,6 +214,8 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     for k, p in enumerate(procs):
         if p.exitcode != 0:  # not fatal: the timed sweep compiles what this one did not
             print(f"warm: process {k} exited with {p.exitcode}", file=sys.stderr)
+    if all(p.exitcode == 0 for p in procs):
+        mark_warm(args, problems, tail)
     longest = (f"a process's start {max(starts)[0]:.0f} s; longest: " if starts else "longest: ") \
         + ", ".join(f"{name[:60]} {t:.0f} s" for t, name in sorted(jobs, reverse=True)[:3])
     return time.perf_counter() - t0, longest

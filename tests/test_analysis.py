@@ -1,5 +1,6 @@
 """The traffic model's numbers, the Parquet sink, and a sweep smoke run on a tiny grid."""
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -1388,9 +1389,13 @@ def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):
     for v in problem.variants:
         v.fn = (lambda name: lambda *a: called.append(name))(v.impl)
         v.graph_fn = None
-    assert warm.warm_problem(problem, torch.device("cpu")) == len(called)
+    assert warm.warm_problem(problem, torch.device("cpu")) == (len(called), 0)
     assert sorted(called) == sorted(v.impl for v in problem.variants if v.impl in warm.WARMED)
     assert set(called) <= set(warm.WARMED) and "torch_compile" in called
+    compiled = next(v for v in problem.variants if v.impl == "torch_compile")
+    compiled.fn = lambda *a: 1 / 0  # a failed first call (the pass is then not marked)
+    ran = len(called) - 1
+    assert warm.warm_problem(problem, torch.device("cpu")) == (ran, 1)
     monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
     monkeypatch.setenv("FLAGGEMS_DB_URL", "")  # restored after the test
     import torch._inductor.config as inductor_config
@@ -1436,8 +1441,9 @@ def test_the_bench_runs_as_a_module():
 
 def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
     """make bench's steps after the sweep (cli.TAIL_STEPS) start before it, each in a process of
-    its own with its --out, and run in turn once told; one that fails is reported, the next ones
-    still run, and the bench fails. A step never told to go exits without running."""
+    its own with its --out, and run in turn once told; one that fails (in its main, or at its
+    import, before its turn) is reported, the next ones still run, and the bench fails. A step
+    never told to go exits without running."""
     steps = tmp_path / "steps"
     steps.mkdir()
     (steps / "__init__.py").write_text("")
@@ -1463,6 +1469,10 @@ def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
         proc.stdin.close()
     assert [proc.wait(timeout=60) for _, proc in waiting] == [2, 2, 2]
     assert not list(tmp_path.glob("*.ran"))
+    (steps / "launch_cost.py").write_text("raise RuntimeError('a step that fails to import')\n")
+    assert cli.run_tail(cli.start_tail(out)) == 1  # it died before its turn: the rest still run
+    assert (tmp_path / "model_check.ran").exists() and not (tmp_path / "launch_cost.ran").exists()
+    assert re.search(r"bench: launch_cost \d+ s FAILED", capsys.readouterr().out)
 
 
 def test_a_finished_compile_pass_is_not_run_again(monkeypatch, tmp_path):

@@ -114,8 +114,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     args, problems = parse(argv)
     held = lock(args.out)
-    tail = start_tail(args.out) if args.tail else []
+    tail = []
     try:
+        if args.tail:
+            tail = start_tail(args.out)
         if args.workers > 1:
             from . import workers  # multiprocessing: only where several workers run
 
@@ -155,9 +157,13 @@ def main(argv=None) -> int:
 TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()))
 # A tail step's process: it imports its module (and what the module's `preload` names) at once,
 # then waits for "go" on its stdin before its main touches the GPU; anything else: it exits, 2.
-_WAITING_STEP = ("import importlib, sys; step = importlib.import_module(sys.argv[1]); "
+# While it waits, Ctrl-C is the bench's to handle (which then closes its stdin).
+_WAITING_STEP = ("import importlib, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                 "step = importlib.import_module(sys.argv[1]); "
                  "getattr(step, 'preload', lambda: None)(); "
-                 "sys.exit(step.main(sys.argv[2:]) if sys.stdin.readline() == 'go\\n' else 2)")
+                 "go = sys.stdin.readline() == 'go\\n'; "
+                 "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "sys.exit(step.main(sys.argv[2:]) if go else 2)")
 
 
 def start_tail(out: Path) -> list[tuple[str, subprocess.Popen]]:
@@ -175,8 +181,9 @@ def run_tail(tail: list[tuple[str, subprocess.Popen]]) -> int:
     failed = []
     for step, proc in tail:
         t0 = time.perf_counter()
-        proc.stdin.write("go\n")
-        proc.stdin.close()
+        for tell in (lambda: proc.stdin.write("go\n"), proc.stdin.close):
+            with contextlib.suppress(OSError):  # BrokenPipeError: it died before (its import)
+                tell()
         code = proc.wait()
         print(f"bench: {step} {time.perf_counter() - t0:.0f} s" + (" FAILED" if code else ""),
               flush=True)

@@ -42,7 +42,8 @@ BOOK_LEAVES_OUT = {("attention", "flag_gems"), ("linear_cross_entropy", "torch_c
 # The smoke grid checks the pipeline, in ~90 s on a GPU with empty caches: a search at every toy
 # shape would be most of that (max-autotune; FlagGems autotunes), and a baseline's first call at
 # each shape (torch.compile tracing, cuDNN building its plan) the rest. So our kernels and eager
-# at every toy shape (odd sizes, masks), every other baseline at each op's first shape.
+# at every toy shape (odd sizes, masks), every other baseline at each op's first shape (so at
+# one dtype and mask: the others, e.g. float16 or causal, compare ours with eager alone).
 SMOKE_LEAVES_OUT = {"torch_compile_max", "flag_gems"}
 SMOKE_EVERY_SHAPE = {"torch_eager", "triton_unfused", "triton_fused"}
 

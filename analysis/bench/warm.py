@@ -16,7 +16,7 @@ the first calls of the steps after the sweep (the GPT-2 check's compiled models,
 cases), the longest jobs, taken first. Nothing a worker does reaches the results: a variant that
 fails here fails (or not) again in the timed sweep, which records it.
 
-A pass that ran to its end leaves a marker file in Triton's and Inductor's cache folders, named
+A pass that ran to its end, no job failing, leaves a marker file in Triton's and Inductor's cache folders, named
 by what it warmed (the grid's problems, the tail, the sources, torch's and Triton's versions, the
 GPU model); a later bench of the same finds both markers and skips the pass (`already_warm`):
 on a second run the caches hold what it would compile, and it cost ~60 s of re-tracing. Emptying
@@ -75,14 +75,15 @@ def no_cached_graph():
     return stack
 
 
-def warm_problem(problem, device: torch.device) -> int:
-    """Call each warmed variant of `problem` once (and its graph_fn); the number that ran."""
-    ran = 0
+def warm_problem(problem, device: torch.device) -> tuple[int, int]:
+    """Call each warmed variant of `problem` once (and its graph_fn); (calls that ran, calls
+    that failed)."""
+    ran = failed = 0
     torch._dynamo.reset()
     try:
         inputs = problem.make_inputs(device)
     except Exception:  # noqa: BLE001 - e.g. out of memory beside the other workers
-        return 0
+        return 0, 1
     for variant in problem.variants:
         if variant.impl not in WARMED:
             continue
@@ -97,11 +98,11 @@ def warm_problem(problem, device: torch.device) -> int:
                     torch.cuda.synchronize(device)
                 ran += 1
             except Exception:  # noqa: BLE001 - the timed sweep records what fails
-                pass
+                failed += 1
     del inputs
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return ran
+    return ran, failed
 
 
 def _worker(args, queue, times) -> None:
@@ -109,16 +110,16 @@ def _worker(args, queue, times) -> None:
     no_kept_choices()
     device = torch.device(args.device)
     problems = select_problems(args)
-    times.put(("start", time.perf_counter() - t0))
+    times.put(("start", time.perf_counter() - t0, True))
     while (i := queue.get()) is not None:
         t0 = time.perf_counter()
         if isinstance(i, tuple):
-            warm_tail(*i, device)
+            ok = warm_tail(*i, device)
             name = " ".join(str(a) for a in i if a is not None)
         else:
-            warm_problem(problems[i], device)
+            ok = not warm_problem(problems[i], device)[1]
             name = f"{problems[i].op} {problems[i].shape}"
-        times.put((name, time.perf_counter() - t0))  # also the parent's progress count
+        times.put((name, time.perf_counter() - t0, ok))  # also the parent's progress count
     if mp.parent_process() is not None:  # as workers.py: skip a teardown that can abort
         times.close()
         times.join_thread()  # the last job's time reaches the parent before os._exit
@@ -127,17 +128,21 @@ def _worker(args, queue, times) -> None:
         os._exit(0)
 
 
-def warm_tail(step: str, arg, device: torch.device) -> None:
-    """The first calls of a tail step (a TAIL entry): analysis.bench.<step>.warm(device, arg)."""
+def warm_tail(step: str, arg, device: torch.device) -> bool:
+    """The first calls of a tail step (a TAIL entry): analysis.bench.<step>.warm(device, arg).
+    Whether they ran."""
     import importlib
 
+    ok = True
     try:
         importlib.import_module(f"{__package__}.{step}").warm(device, arg)
     except Exception as exc:  # noqa: BLE001 - the step itself records what fails
         print(f"warm: {step} {arg}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        ok = False
     torch._dynamo.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    return ok
 
 
 def _key(p) -> tuple:
@@ -146,15 +151,33 @@ def _key(p) -> tuple:
 
 def marker_name(args, problems, tail: bool) -> str:
     """The file a finished compile pass of `problems` (and the tail steps) leaves in each cache
-    folder: named by the grid, the problems, the tail, the sources, the versions, the GPU."""
+    folder: named by the grid, the problems, the tail, the sources, torch's, Triton's and the
+    peers' versions, the GPU model and the project's TRITON_FUSION_* settings."""
     import triton
 
     from .machine import source_hash
 
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    device = torch.device(getattr(args, "device", "cpu"))
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    knobs = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_FUSION_"))
     key = repr((args.grid, sorted(repr(_key(p)) for p in problems), tail, source_hash(),
-                torch.__version__, triton.__version__, gpu))
+                torch.__version__, triton.__version__, _peer_versions(), gpu, knobs))
     return "fusion-warm-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _peer_versions() -> tuple:
+    """The installed versions of the peer libraries (None: not installed) and of transformers."""
+    from importlib import metadata
+
+    from .peers import PINNED
+
+    versions = []
+    for dist in [d for _, d, _ in PINNED.values()] + ["transformers"]:
+        try:
+            versions.append(metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            versions.append(None)
+    return tuple(versions)
 
 
 def cache_folders() -> list[Path]:
@@ -198,11 +221,12 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     procs = [ctx.Process(target=_worker, args=(args, queue, times)) for _ in range(workers)]
     for p in procs:
         p.start()
-    starts, jobs, last = [], [], -1
+    starts, jobs, last, failed = [], [], -1, 0
     while any(p.is_alive() for p in procs) or not times.empty():
         while not times.empty():
-            name, t = times.get()
+            name, t, ok = times.get()
             (starts if name == "start" else jobs).append((t, name))
+            failed += not ok
         time.sleep(1)
         if len(jobs) != last and not args.no_progress:
             last = len(jobs)
@@ -214,8 +238,9 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     for k, p in enumerate(procs):
         if p.exitcode != 0:  # not fatal: the timed sweep compiles what this one did not
             print(f"warm: process {k} exited with {p.exitcode}", file=sys.stderr)
-    if all(p.exitcode == 0 for p in procs):
-        mark_warm(args, problems, tail)
+    if failed == 0 and all(p.exitcode == 0 for p in procs):
+        with contextlib.suppress(OSError):  # e.g. a read-only cache: the next run warms again
+            mark_warm(args, problems, tail)
     longest = (f"a process's start {max(starts)[0]:.0f} s; longest: " if starts else "longest: ") \
         + ", ".join(f"{name[:60]} {t:.0f} s" for t, name in sorted(jobs, reverse=True)[:3])
     return time.perf_counter() - t0, longest

@@ -16,11 +16,10 @@ the first calls of the steps after the sweep (the GPT-2 check's compiled models,
 cases), the longest jobs, taken first. Nothing a worker does reaches the results: a variant that
 fails here fails (or not) again in the timed sweep, which records it.
 
-A pass that ran to its end, no job failing, leaves a marker file in Triton's and Inductor's cache folders, named
-by what it warmed (the grid's problems, the tail, the sources, torch's and Triton's versions, the
-GPU model); a later bench of the same finds both markers and skips the pass (`already_warm`):
-on a second run the caches hold what it would compile, and it cost ~60 s of re-tracing. Emptying
-either cache removes its marker.
+A pass that ran to its end, no job failing, leaves a marker file in Triton's and Inductor's cache
+folders, named by what it warmed (`marker_name`); a later bench of the same finds both markers
+and skips the pass (`already_warm`): on a second run the caches hold what it would compile, and
+the pass took 60 s. Emptying either cache removes its marker.
 """
 from __future__ import annotations
 
@@ -169,15 +168,13 @@ def _peer_versions() -> tuple:
     """The installed versions of the peer libraries (None: not installed) and of transformers."""
     from importlib import metadata
 
-    from .peers import PINNED
+    from .peers import PINNED, _version
 
-    versions = []
-    for dist in [d for _, d, _ in PINNED.values()] + ["transformers"]:
-        try:
-            versions.append(metadata.version(dist))
-        except metadata.PackageNotFoundError:
-            versions.append(None)
-    return tuple(versions)
+    try:
+        transformers = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        transformers = None
+    return (*(_version(impl)[0] for impl in PINNED), transformers)
 
 
 def cache_folders() -> list[Path]:

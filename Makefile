@@ -30,8 +30,8 @@ SPACE := $(subst ,, )
 # The bench's grid: book (what the book shows, ~5 min on one H100), full (the references), smoke.
 GRID ?= book
 BENCH_ARGS ?=
-# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: half the CPUs, at
-# most 8; 0: none).
+# Processes that compile before the timed sweep (analysis/bench/warm.py; -1: 3/4 of the CPUs, at
+# most 12; 0: none).
 WARM ?= -1
 # Test processes (pytest-xdist): the compiling is most of a test run's time, and parallel.
 JOBS ?= auto

@@ -53,7 +53,7 @@ def parse(argv=None):
     ap.add_argument("--warm", type=int, default=-1, metavar="N",
                     help="processes that compile every problem's Triton and torch.compile "
                          "variants before the timed sweep, on one GPU (analysis/bench/warm.py; "
-                         "default -1: half the CPUs, at most 8, and none on the CPU or with "
+                         "default -1: 3/4 of the CPUs, at most 12, and none on the CPU or with "
                          "several workers; 0: none)")
     ap.add_argument("--tail", action="store_true",
                     help="after the sweep: seed 002's benchmark, the launch costs and the GPT-2 "

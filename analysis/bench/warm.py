@@ -39,7 +39,7 @@ from .families import select_problems
 # whose pick is not kept).
 WARMED = ("triton_unfused", "triton_fused", "torch_compile", "torch_compile_max", "liger",
           "flag_gems")
-MAX_WORKERS = 8
+MAX_WORKERS = 12
 # The first calls of the steps after the sweep, as (module of analysis.bench, argument of its
 # warm): one job per compiled GPT-2, the longest jobs.
 TAIL = (("model_check", "torch_compile"), ("model_check", "torch_compile_triton_head"),
@@ -47,9 +47,10 @@ TAIL = (("model_check", "torch_compile"), ("model_check", "torch_compile_triton_
 
 
 def default_workers() -> int:
-    """Half the host's CPUs (Inductor compiles in pools of its own), at most MAX_WORKERS."""
+    """Three quarters of the host's CPUs, at most MAX_WORKERS: a job is mostly one Python thread
+    (tracing, lowering), and with half the CPUs' processes the pass kept them ~50% busy."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_WORKERS, (cpus or 2) // 2))
+    return max(1, min(MAX_WORKERS, 3 * (cpus or 2) // 4))
 
 
 def no_kept_choices() -> None:

@@ -91,7 +91,7 @@ def _no_tuning_on_disk(monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_warming_processes(monkeypatch):
     """The bench's command line, called by the pipeline tests, spawns no compiling processes
-    before its sweep (the default on one GPU: eight processes that each start torch, for a toy
+    before its sweep (the default on one GPU: up to twelve processes that each start torch, for a toy
     grid); tests/test_analysis.py tests them by name."""
     from triton_fusion_report.analysis.bench import warm
 

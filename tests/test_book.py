@@ -252,6 +252,11 @@ def test_model_section_reads_the_model_check(tmp_path):
     assert "1.50× eager's tokens/s" in text and "(1.10×)" in text
     assert "from 6.0 to 5.0 GiB" in text and "at 1 of 2 steps" in text
     assert "| eager + our ops | 150k | 1.50 |" in text and "1 of 1 checks" in text
+    assert "garbage collector" not in text  # the run did not say how it timed
+    c = pd.read_csv(tmp_path / "model_check.csv")
+    c.loc[c["kind"] == "timing", "gc"] = "off"
+    c.to_csv(tmp_path / "model_check.csv", index=False)
+    assert "garbage collector off" in model.compute([tmp_path])["say"]["section"]
 
 
 def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):

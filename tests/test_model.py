@@ -141,3 +141,26 @@ def test_a_padded_batch_is_refused_not_silently_unmasked(device):
     padded[1, :4] = 0
     with pytest.raises(NotImplementedError, match="causal mask"):
         model(ids, attention_mask=padded)
+
+
+def test_model_check_times_with_the_collector_off_and_restores_it():
+    """The GPT-2 check's timed steps run with Python's cyclic collector off (as training frameworks
+    run it); afterwards it is as it was, on or off, also when the block raises."""
+    import gc
+
+    from triton_fusion_report.analysis.bench.model_check import collector_off
+
+    assert gc.isenabled()
+    with collector_off():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError), collector_off():
+        1 / 0
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_off():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()

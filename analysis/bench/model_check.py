@@ -23,8 +23,10 @@ dependency of the project: the bench skips this step with a message where it is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
+import gc
 import re
 import statistics
 import sys
@@ -244,11 +246,31 @@ def kind_of(kernel: str) -> str:
     return next(k for k, pattern in KINDS if re.search(pattern, kernel, re.IGNORECASE))
 
 
+@contextlib.contextmanager
+def collector_off():
+    """One collection, then Python's cyclic garbage collector off until the block ends."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def measure_step(model, loss_fn, ids, reps=20) -> dict:
     """Forward + backward (bf16 autocast): median tokens/s (with min and max) over reps timed
     steps after warm-up, the peak memory of a step, and the GPU's busy time per step (the
     kernels' durations summed by the profiler) with its split by kind of kernel: a step much
-    longer than its GPU time waits on the host."""
+    longer than its GPU time waits on the host.
+
+    Python's cyclic garbage collector is off during the steps, after one collection, as training
+    frameworks run it (OLMo-core's and Composer's garbage-collector callbacks: off in training,
+    a generation-1 collection every N steps). With it on, the collections over the objects this
+    process holds (transformers, the models built before) made a host-bound step 13-17 ms slower
+    (one H100 machine, 2026-11-27, the project's ops: 72.7-76.3 ms a step against 59.1 with it
+    off, 61.8 with those objects frozen; eager, GPU-bound, 68.7 and 78.4 on)."""
     from torch.profiler import ProfilerActivity, profile
 
     def step():  # the first calls compile (loss_fn compiled): wall_s counts them
@@ -256,30 +278,31 @@ def measure_step(model, loss_fn, ids, reps=20) -> dict:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(ids)
         loss.backward()
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    rates = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        rates.append(ids.numel() / (time.perf_counter() - t0))
-    peak = torch.cuda.max_memory_allocated() / 2**20
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with collector_off():
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-    split: dict[str, float] = {}
-    for e in prof.key_averages():
-        if e.self_device_time_total > 0:
-            k = kind_of(e.key)
-            split[k] = split.get(k, 0.0) + e.self_device_time_total / 3 / 1e3
-    med = statistics.median(rates)
-    return dict(tokens_per_s=med, tokens_per_s_min=min(rates), tokens_per_s_max=max(rates),
-                step_ms=1e3 * ids.numel() / med, gpu_ms=sum(split.values()), peak_mib=peak,
-                split=split)
+        torch.cuda.reset_peak_memory_stats()
+        rates = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            rates.append(ids.numel() / (time.perf_counter() - t0))
+        peak = torch.cuda.max_memory_allocated() / 2**20
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        split: dict[str, float] = {}
+        for e in prof.key_averages():
+            if e.self_device_time_total > 0:
+                k = kind_of(e.key)
+                split[k] = split.get(k, 0.0) + e.self_device_time_total / 3 / 1e3
+        med = statistics.median(rates)
+        return dict(tokens_per_s=med, tokens_per_s_min=min(rates), tokens_per_s_max=max(rates),
+                    step_ms=1e3 * ids.numel() / med, gpu_ms=sum(split.values()), peak_mib=peak,
+                    split=split)
 
 
 def warm(device, impl: str) -> None:
@@ -382,7 +405,7 @@ def main(argv=None) -> int:
             r = measure_step(model, torch.compile(loss_fn) if compiled else loss_fn, ids)
             split = r.pop("split")
             rows.append(dict(meta, kind="timing", impl=impl, ops=" ".join(sorted(ops)),
-                             batch=args.batch, seq=args.seq, status="ok",
+                             batch=args.batch, seq=args.seq, status="ok", gc="off",
                              wall_s=time.perf_counter() - t0, **r))
             split_rows += [dict(impl=impl, kind=k, gpu_ms=v) for k, v in split.items()]
             print(f"{impl:26s} {r['tokens_per_s']:9.0f} tokens/s; step {r['step_ms']:.1f} ms, "

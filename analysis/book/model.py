@@ -118,6 +118,15 @@ def _sentence(t: pd.DataFrame) -> str:
     return " ".join(parts)
 
 
+def _gc_note(t: pd.DataFrame) -> str:
+    """How the steps were timed, where the run recorded it (older runs did not)."""
+    if "gc" in t and (t["gc"].astype(str) == "off").all():
+        return ("; the steps timed with Python's cyclic garbage collector off, as training "
+                "frameworks run it: its passes over every object the process holds slow a "
+                "host-bound step (docs/bench.md)")
+    return ""
+
+
 def compute(folders: list) -> dict:
     folder = folders[0]
     t = timings(folder)
@@ -133,7 +142,8 @@ def compute(folders: list) -> dict:
         "## In a model: GPT-2 small\n\n"
         f"Hugging Face's GPT-2 small (random weights), one forward and backward of {b} × {s:,} "
         f"tokens under bf16 autocast, with our {swapped} swapped in "
-        f"(`analysis/bench/model_check.py`). " + _sentence(t) + " " + _checks(folder) + "\n\n"
+        f"(`analysis/bench/model_check.py`{_gc_note(t)}). " + _sentence(t) + " "
+        + _checks(folder) + "\n\n"
         + D.md_table(_table(t)) + "\n\n"
         + ("The GPU's time per step by kind of kernel (ms, the profiler's kernel durations grouped "
            "by kernel name):\n\n" + D.md_table(split) + "\n\n" if len(split) else "")

@@ -152,7 +152,11 @@ def test_split_path_on_empty_rows(device):
 
 
 def test_plan(device):
-    assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 4, 1, 1024)
+    assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 1, 1, 1024)
+    # One-pass warps: one per 1024 elements where rows outnumber the SMs (16-bit: at least 2),
+    # one per 256 for fewer rows; given warps win.
+    assert [sm.plan(4096, w, itemsize=2).num_warps for w in (768, 4096, 32768)] == [2, 4, 16]
+    assert sm.plan(8, 4096).num_warps == 16 and sm.plan(4096, 4096, num_warps=8).num_warps == 8
     assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS
     assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
     # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop (float32 only).

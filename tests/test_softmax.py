@@ -391,3 +391,19 @@ def test_backward_unfused_bad_options_raise(kw, words, device):
     y = torch.ones(2, 8, device=device)
     with pytest.raises(ValueError, match=words):
         smb.triton_unfused(y, y, **kw)
+
+
+def test_own_output_backward_checks_what_it_cannot_assume(device):
+    """The autograd Function's backward skips the checks only for a contiguous y and a contiguous
+    dy of y's shape and dtype; anything else goes through softmax_backward's checks."""
+    from triton_fusion_report.kernels.families.softmax import backward as smb
+
+    y = torch.softmax(torch.randn(4, 6, device=device), -1)
+    dy = torch.randn(4, 6, device=device)
+    want = smb.reference(y.double(), dy.double())
+    assert rel_err(smb.own_output_backward(y, dy), want) <= 4 * TOL[torch.float32]
+    with pytest.raises(ValueError, match="shape"):
+        smb.own_output_backward(y, torch.randn(6, 4, device=device))
+    yt = torch.softmax(torch.randn(6, 4, device=device), 0).t()  # rows strided: checked, refused
+    with pytest.raises(ValueError, match="contiguous"):
+        smb.own_output_backward(yt, dy)

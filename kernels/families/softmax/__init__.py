@@ -73,11 +73,7 @@ class _Softmax(torch.autograd.Function):
             # create_graph=True: the registered backward op keeps dx connected to its inputs, so
             # a second derivative through it raises instead of being silently missing.
             return _softmax_backward_op(y, dy.contiguous())
-        # y is the forward's own output (contiguous, as triton_fused writes it); autograd hands
-        # a gradient of y's shape, checked here with its dtype before the checks are skipped.
-        dy = dy.contiguous()
-        return _smb.softmax_backward(y, dy, checked=dy.shape == y.shape and dy.dtype == y.dtype
-                                     and y.is_contiguous())
+        return _smb.own_output_backward(y, dy.contiguous())
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -105,19 +105,28 @@ def _check_pair(y: torch.Tensor, dy: torch.Tensor):
     return y_rows, dy_rows, n_rows, n_cols
 
 
-def softmax_backward(y: torch.Tensor, dy: torch.Tensor, checked: bool = False) -> torch.Tensor:
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """dx of softmax over the last dim, given its output y and the incoming gradient dy (one shape
-    and dtype; last dims contiguous). Math in float32, dx in y's dtype. checked: y and dy are
-    known contiguous, of one shape, dtype and device (the autograd.Function's own y and its
-    gradient made contiguous): the checks are skipped (host time on every backward call)."""
-    if checked:
-        n_cols = y.shape[-1]
-        n_rows = y.numel() // n_cols if n_cols else 0
-        y_rows = dy_rows = None
-        if n_rows:
-            y_rows, dy_rows = y.view(n_rows, n_cols), dy.view(n_rows, n_cols)
-    else:
-        y_rows, dy_rows, n_rows, n_cols = _check_pair(y, dy)
+    and dtype; last dims contiguous). Math in float32, dx in y's dtype."""
+    y_rows, dy_rows, n_rows, n_cols = _check_pair(y, dy)
+    return _backward_rows(y, y_rows, dy_rows, n_rows, n_cols)
+
+
+def own_output_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """softmax_backward for the autograd Function's own y (contiguous, as the forward writes it)
+    and a gradient of y's shape and dtype: the checks are skipped (host time on every backward)
+    where both are contiguous, else made."""
+    n_cols = y.shape[-1]
+    if not (dy.shape == y.shape and dy.dtype == y.dtype and y.is_contiguous()
+            and dy.is_contiguous() and n_cols):
+        return softmax_backward(y, dy)
+    n_rows = y.numel() // n_cols
+    if not n_rows:
+        return softmax_backward(y, dy)
+    return _backward_rows(y, y.view(n_rows, n_cols), dy.view(n_rows, n_cols), n_rows, n_cols)
+
+
+def _backward_rows(y, y_rows, dy_rows, n_rows, n_cols) -> torch.Tensor:
     dx = empty(y.shape, y.dtype, y.device)
     if y_rows is None:
         return dx

@@ -318,12 +318,11 @@ def _normalise_kernel(x_ptr, max_ptr, sum_ptr, out_ptr, n_cols, x_row_stride, ou
 
 
 def one_pass_warps(block: int, itemsize: int) -> int:
-    """Warps of a one-pass program where rows outnumber the SMs: one per 1024 elements of the
-    block (at least 2 for 16-bit rows), at most 16. Fewer warps a program, more programs (rows) an
-    SM, more bytes in flight: do_bench, one H100, 4096 rows, 2026-11-27 (us): bf16 4096 wide 16
-    warps 29.2, 4 warps 27.6 (Liger 27.8); fp16 30.6 / 27.6; fp32 50.4 / 49.1; 768 wide
-    (32768 rows) bf16 4 warps 41.4, 2 warps 39.5; 8192 and wider within 1% either way. Fewer rows
-    than SMs keep one warp per 256 elements (8 x 4096 fp16: 4 warps 6.2 us against 16's 5.3)."""
+    """Warps of a one-pass program where rows outnumber the SMs: from a block of 1024 on, one per
+    1024 elements (16-bit at least 2), at most 16; smaller blocks (not timed) one per 256. Fewer
+    warps a program, more programs an SM, more bytes in flight (docs/softmax.md)."""
+    if block < 1024:
+        return default_warps(block)
     return max(2 if itemsize <= 2 else 1, min(16, block // 1024))
 
 

@@ -259,6 +259,27 @@ def test_model_section_reads_the_model_check(tmp_path):
     assert "garbage collector off" in model.compute([tmp_path])["say"]["section"]
 
 
+def test_training_table_reads_the_training_rows(tmp_path):
+    """The model section's training-shape table: ms per forward + backward call by op and shape,
+    each implementation's and ours over the fastest other's; none from CPU rows (no timings)."""
+    from triton_fusion_report.analysis.book import model
+
+    smoke = Path(__file__).parent / "data" / "smoke"
+    shutil.copy(smoke / "training.parquet", tmp_path / "training.parquet")
+    assert not len(model.training(tmp_path))  # the interpreter's times are not findings
+    r = pd.read_parquet(tmp_path / "training.parquet")
+    r["gpu"] = "NVIDIA H100 80GB HBM3"
+    r["status"] = "ok"
+    ms = {"torch_eager": 0.2, "torch_compile": 0.3, "liger": 0.25, "triton_fused": 0.1}
+    r["ms_median"] = r["impl"].map(ms)
+    r.to_parquet(tmp_path / "training.parquet")
+    t = model.training(tmp_path)
+    assert list(t.columns) == ["op, forward + backward", "eager", "torch.compile", "Liger",
+                               "ours", "ours / fastest other"]
+    assert len(t) == r.groupby(["op", "dtype", "rows", "width"]).ngroups
+    assert set(t["ours / fastest other"]) == {"0.50"} and t.iloc[0]["ours"] == "0.100"
+
+
 def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
     """The attention chapter's Gluon subsection: on the references (which predate the kernel
     sweep) no table and one sentence that says so; on a folder with the sweep's rows (the H100

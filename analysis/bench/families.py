@@ -12,7 +12,7 @@ Three grids:
 from __future__ import annotations
 
 from ..book.cases import HEADLINES
-from . import attention, elementwise, matmul_epilogue, reductions, sweep
+from . import attention, elementwise, matmul_epilogue, reductions, sweep, training
 
 FAMILIES = {
     "elementwise": elementwise.problems,
@@ -23,6 +23,7 @@ FAMILIES = {
     "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
     "linear_act": matmul_epilogue.linear_act_problems,
     "linear_cross_entropy": matmul_epilogue.linear_cross_entropy_problems,
+    "training": training.problems,
 }
 
 

@@ -33,6 +33,7 @@ FAMILY_KERNELS = {
     "softmax_matmul": "softmax_matmul", "attention": "attention",
     "matmul_softmax": "matmul_softmax", "linear_act": "linear_act",
     "linear_cross_entropy": "linear_cross_entropy",
+    "training": ("layer_norm", "softmax"),  # forward + backward of both ops
 }
 LIMIT_REP_MS = 100  # timed repetitions of each limit (one trial)
 # HBM bandwidth on the vendor's datasheet (GB/s), by the name torch reports: a ceiling no
@@ -150,12 +151,15 @@ def _definitions(source: str) -> list[tuple[str, str]]:
 
 def kernel_hash(family: str) -> str:
     """Hash of the code a family's rows ran: every top-level definition (functions, classes,
-    constants; comments, docstrings and imports left out) of its op's module or subpackage under
+    constants; comments, docstrings and imports left out) of its ops' modules or subpackages under
     kernels/families/ and of the private modules those import, in name order. So a comment, a
     docstring, a moved function or a renamed file leaves it as it is; a change to the code that
     runs, or to a shared piece the family imports, does not."""
-    op = ROOT / "kernels" / "families" / FAMILY_KERNELS[family]
-    todo = sorted(op.glob("*.py")) if op.is_dir() else [op.with_suffix(".py")]
+    ops = FAMILY_KERNELS[family]
+    todo = []
+    for name in (ops,) if isinstance(ops, str) else ops:
+        op = ROOT / "kernels" / "families" / name
+        todo += sorted(op.glob("*.py")) if op.is_dir() else [op.with_suffix(".py")]
     seen: set[Path] = set()
     while todo:
         path = todo.pop()

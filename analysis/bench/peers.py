@@ -90,6 +90,14 @@ def _liger_softmax_settings(width: int, dtype, device):
     return block, warps, multi
 
 
+def liger_softmax_autograd(x):
+    """Liger's softmax as a model calls it: its autograd Function (forward and backward)."""
+    _need("liger")
+    from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+    return LigerSoftmaxFunction.apply(x)
+
+
 def liger_softmax_backward(y, dy):
     """dx from the forward's output y, as Liger's autograd backward computes it (with the tile
     settings its forward chose for this width)."""

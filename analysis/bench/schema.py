@@ -74,6 +74,8 @@ FAMILY_SHAPES = {
     "matmul_softmax": {"m": I, "k": I, "n": I},
     "linear_act": {"m": I, "k": I, "n": I, "activation": S},
     "linear_cross_entropy": {"tokens": I, "hidden": I, "vocab": I},
+    # Forward + backward through autograd, per call (op: layer_norm_fwd_bwd, softmax_fwd_bwd).
+    "training": {"rows": I, "width": I},
 }
 # Shape columns added to a family after rows were committed without them, and the value those
 # rows had: the softmax family was forward only until its backward joined it.

@@ -193,6 +193,7 @@ HEADLINES = {
     # Not (yet) in the findings table: the bench's book grid reads its headline from here.
     "linear_cross_entropy": [dict(precision="bfloat16", tokens=8192, hidden=768, vocab=50257),
                              dict()],
+    "training": [dict(dtype="bfloat16", rows=4096, width=1024), dict()],
 }
 FAMILY_LABEL = {
     "elementwise": "add-mul", "softmax": "softmax", "layernorm": "LayerNorm fwd",

@@ -127,12 +127,50 @@ def _gc_note(t: pd.DataFrame) -> str:
     return ""
 
 
+TRAINING_IMPLS = {"torch_eager": "eager", "torch_compile": "torch.compile", "liger": "Liger",
+                  "triton_fused": "ours"}
+TRAINING_OPS = {"layer_norm_fwd_bwd": "LayerNorm", "softmax_fwd_bwd": "softmax"}
+
+
+def training(folder) -> pd.DataFrame:
+    """ms per forward + backward call through autograd at training shapes (the training family's
+    rows), by op and shape: each implementation's, and ours over the fastest other's."""
+    r = D.load(folder, "training")
+    r = r[(r["status"] == "ok") & r["ms_median"].notna()] if len(r) else r
+    if not len(r):
+        return pd.DataFrame()
+    t = r.pivot_table(index=["op", "dtype", "rows", "width"], columns="impl", values="ms_median",
+                      sort=False)
+    t = t[[i for i in TRAINING_IMPLS if i in t]]
+    out = pd.DataFrame({"op, forward + backward": [f"{TRAINING_OPS.get(op, op)} {dtype} "
+                                                   f"{rows:,} × {width:,}"
+                                                   for op, dtype, rows, width in t.index]})
+    for impl in t:
+        out[TRAINING_IMPLS[impl]] = [f"{v:.3f}" if v == v else "" for v in t[impl]]
+    others = t.drop(columns=["triton_fused"], errors="ignore").min(axis=1)
+    if "triton_fused" in t:
+        out["ours / fastest other"] = [f"{o / b:.2f}" if o == o and b == b else ""
+                                       for o, b in zip(t["triton_fused"], others)]
+    return out
+
+
+def _training_text(folder) -> str:
+    t = training(folder)
+    if not len(t):
+        return ""
+    return ("Forward + backward through autograd at training shapes, ms per call (back-to-back "
+            "calls; the backward runs on the autograd engine's thread, so a call's host time "
+            "counts where it exceeds its GPU time; the training family's rows):\n\n"
+            + D.md_table(t) + "\n")
+
+
 def compute(folders: list) -> dict:
     folder = folders[0]
     t = timings(folder)
     if not len(t):
         return {"say": {"section": "## In a model: GPT-2 small\n\n" + D.lacking(
-            "GPT-2 timings (the model check needs `transformers` on the GPU machine)") + "\n"}}
+            "GPT-2 timings (the model check needs `transformers` on the GPU machine)") + "\n\n"
+            + _training_text(folder)}}
     ops = t["ops"].get("triton_fused") if "ops" in t else None
     swapped = (", ".join(OPS[o] for o in OPS if o in str(ops).split()) if isinstance(ops, str)
                else "ops")  # the references' older runs did not record which
@@ -148,6 +186,7 @@ def compute(folders: list) -> dict:
         + ("The GPU's time per step by kind of kernel (ms, the profiler's kernel durations grouped "
            "by kernel name):\n\n" + D.md_table(split) + "\n\n" if len(split) else "")
         + ("Where the host's time goes: µs of host time per forward + backward call at tiny "
-           "sizes (back-to-back calls; launch_cost.csv):\n\n" + D.md_table(host) + "\n"
-           if len(host) else ""))
+           "sizes (back-to-back calls; launch_cost.csv):\n\n" + D.md_table(host) + "\n\n"
+           if len(host) else "")
+        + _training_text(folder))
     return {"say": {"section": section}, "table": _table(t), "split": split}

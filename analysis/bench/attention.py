@@ -12,7 +12,7 @@ from ...kernels.families import softmax_matmul as smm
 
 from ..model import traffic
 from . import peers
-from .sweep import Problem, Variant, compiled_variants, tf32
+from .sweep import Problem, Variant, compiled_variants, fwd_bwd, tf32
 
 TOLERANCE = {"ieee": 1e-5, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
@@ -234,15 +234,6 @@ def reference64_grads(q, k, v, dout, causal: bool):
     return dq, dk, dv
 
 
-def _fwd_bwd(forward):
-    """(q, k, v, dout) -> (dq, dk, dv): the forward and its backward, as a training step runs
-    them."""
-    def call(q, k, v, dout):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        return torch.autograd.grad(forward(*leaves), leaves, dout)
-    return call
-
-
 def attention_fwd_bwd_problems(grid: str = "full") -> list[Problem]:
     """Forward + backward (a training step's attention) against SDPA's backends; TFLOP/s count
     the forward's 2 and the backward's 5 matmuls (3.5x the forward)."""
@@ -257,8 +248,8 @@ def attention_fwd_bwd_problems(grid: str = "full") -> list[Problem]:
         nbytes = traffic.total(traffic.attention_fwd_bwd_kernels(batch, heads, seq, head_dim,
                                                                  s))
         for causal in (False, True):
-            ours = _fwd_bwd(functools.partial(attn_op, causal=causal))
-            variants = [Variant(name, _fwd_bwd(_sdpa(backend, causal)), bytes_impl=nbytes)
+            ours = fwd_bwd(functools.partial(attn_op, causal=causal))
+            variants = [Variant(name, fwd_bwd(_sdpa(backend, causal)), bytes_impl=nbytes)
                         for name, backend in SDPA_BACKENDS.items()]
             variants.append(Variant("triton_fused", ours, variant="fa2 backward",
                                     bytes_impl=nbytes))

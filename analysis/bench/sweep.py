@@ -101,6 +101,15 @@ def compiled_variants(fn: Callable, bytes_impl=None, wrap=lambda f: f, **kw) -> 
                     bytes_impl=bytes_impl, **kw)]
 
 
+def fwd_bwd(forward):
+    """(*inputs, dy) -> the inputs' gradients: the forward on every input but the last, then its
+    backward through autograd with dy, as a training step runs them."""
+    def call(*args):
+        leaves = [t.detach().requires_grad_() for t in args[:-1]]
+        return torch.autograd.grad(forward(*leaves), leaves, args[-1])
+    return call
+
+
 def tf32(fn, enabled: bool):
     """Run fn with PyTorch's TF32 matmul switch set (and restored): precision parity."""
     def call(*args):

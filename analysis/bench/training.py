@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from ... import kernels
 from ..model import traffic
-from . import peers
-from .reductions import EPS, TOLERANCE, _itemsize, _ln_inputs, _ln_reference_bwd, _precision
-from .sweep import Compiled, Problem, Variant
+from . import peers, reductions
+from .reductions import EPS
+from .sweep import Compiled, Problem, Variant, fwd_bwd
 
 # (rows, width) per dtype: the shapes issue 40 names (GPT-2's 768 and wider hidden sizes, a
 # vocabulary-free softmax of 4096).
@@ -27,15 +27,6 @@ GRIDS = {
                  softmax={torch.bfloat16: [(4096, 4096)]}),
     "smoke": dict(layer_norm={torch.float32: [(5, 300)]}, softmax={torch.float16: [(3, 257)]}),
 }
-
-
-def _fwd_bwd(forward, n_leaves: int):
-    """(*inputs, dy) -> the gradients of the first n_leaves inputs: the forward, then its backward
-    through autograd, as a training step runs them."""
-    def call(*args):
-        leaves = [t.detach().requires_grad_() for t in args[:n_leaves]]
-        return torch.autograd.grad(forward(*leaves), leaves, args[-1])
-    return call
 
 
 def _ln_eager(x, w, b):
@@ -55,53 +46,53 @@ def _softmax_eager(x):
 
 
 def _softmax_inputs(rows, width, dtype, device):
-    return (torch.randn(rows, width, device=device, dtype=dtype) * 4,
+    """The softmax family's x, and an incoming gradient."""
+    return (*reductions._softmax_inputs(rows, width, dtype, device),
             torch.randn(rows, width, device=device, dtype=dtype))
 
 
 def _softmax_grad_reference(x, dy):
     """float64 inputs in: (dx,) of softmax's forward + backward."""
-    y = torch.softmax(x, -1)
-    return (y * (dy - (y * dy).sum(-1, keepdim=True)),)
+    return (reductions._softmax_bwd_reference(torch.softmax(x, -1), dy),)
 
 
-def _variants(eager, ours, liger, n_leaves: int) -> list[Variant]:
-    return [Variant("torch_eager", _fwd_bwd(eager, n_leaves)),
-            Variant("torch_compile", _fwd_bwd(Compiled(eager), n_leaves)),
-            Variant("liger", _fwd_bwd(liger, n_leaves), variant=peers.label("liger")),
-            Variant("triton_fused", _fwd_bwd(ours, n_leaves), variant="public op")]
+def _layer_norm_model(rows, width, s):
+    kinds = [k for d in ("fwd", "bwd")
+             for k in traffic.layer_norm_kernels(rows, width, s, "triton_fused", d)]
+    return traffic.total(kinds), sum(traffic.layer_norm_flops(rows, width, d)
+                                     for d in ("fwd", "bwd"))
+
+
+def _softmax_model(rows, width, s):
+    kinds = (traffic.softmax_kernels(rows, width, s, "triton_fused")
+             + traffic.softmax_backward_kernels(rows, width, s, "triton_fused"))
+    return (traffic.total(kinds),
+            traffic.softmax_flops(rows, width) + traffic.softmax_backward_flops(rows, width))
+
+
+# op: (grid key, inputs, float64 reference, (bytes, FLOPs) model, eager, ours, Liger)
+OPS = {
+    "layer_norm_fwd_bwd": ("layer_norm", reductions._ln_inputs, reductions._ln_reference_bwd,
+                           _layer_norm_model, _ln_eager, _ln_ours, _ln_liger),
+    "softmax_fwd_bwd": ("softmax", _softmax_inputs, _softmax_grad_reference, _softmax_model,
+                        _softmax_eager, kernels.softmax, peers.liger_softmax_autograd),
+}
 
 
 def problems(grid: str = "full") -> list[Problem]:
-    g = GRIDS[grid]
     out = []
-    for dtype, shapes in g["layer_norm"].items():
-        s = _itemsize(dtype)
-        for rows, width in shapes:
-            kinds = [k for d in ("fwd", "bwd")
-                     for k in traffic.layer_norm_kernels(rows, width, s, "triton_fused", d)]
-            out.append(Problem(
-                family="training", op="layer_norm_fwd_bwd", dtype=dtype,
-                precision=_precision(dtype), shape=dict(rows=rows, width=width),
-                make_inputs=functools.partial(_ln_inputs, rows, width, dtype),
-                reference=_ln_reference_bwd, bytes_model=traffic.total(kinds),
-                flops_model=(traffic.layer_norm_flops(rows, width, "fwd")
-                             + traffic.layer_norm_flops(rows, width, "bwd")),
-                tolerance=TOLERANCE[dtype] * 4,
-                variants=_variants(_ln_eager, _ln_ours, _ln_liger, 3), graph=False))
-    for dtype, shapes in g["softmax"].items():
-        s = _itemsize(dtype)
-        for rows, width in shapes:
-            kinds = (traffic.softmax_kernels(rows, width, s, "triton_fused")
-                     + traffic.softmax_backward_kernels(rows, width, s, "triton_fused"))
-            out.append(Problem(
-                family="training", op="softmax_fwd_bwd", dtype=dtype,
-                precision=_precision(dtype), shape=dict(rows=rows, width=width),
-                make_inputs=functools.partial(_softmax_inputs, rows, width, dtype),
-                reference=_softmax_grad_reference, bytes_model=traffic.total(kinds),
-                flops_model=(traffic.softmax_flops(rows, width)
-                             + traffic.softmax_backward_flops(rows, width)),
-                tolerance=TOLERANCE[dtype] * 4,
-                variants=_variants(_softmax_eager, kernels.softmax, peers.liger_softmax_autograd,
-                                   1), graph=False))
+    for op, (key, inputs, reference, model, eager, ours, liger) in OPS.items():
+        for dtype, shapes in GRIDS[grid][key].items():
+            for rows, width in shapes:
+                nbytes, flops = model(rows, width, reductions._itemsize(dtype))
+                out.append(Problem(
+                    family="training", op=op, dtype=dtype,
+                    precision=reductions._precision(dtype), shape=dict(rows=rows, width=width),
+                    make_inputs=functools.partial(inputs, rows, width, dtype),
+                    reference=reference, bytes_model=nbytes, flops_model=flops,
+                    tolerance=reductions.TOLERANCE[dtype] * 4, graph=False,
+                    variants=[Variant("torch_eager", fwd_bwd(eager)),
+                              Variant("torch_compile", fwd_bwd(Compiled(eager))),
+                              Variant("liger", fwd_bwd(liger), variant=peers.label("liger")),
+                              Variant("triton_fused", fwd_bwd(ours), variant="public op")]))
     return out

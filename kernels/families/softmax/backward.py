@@ -116,13 +116,11 @@ def own_output_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """softmax_backward for the autograd Function's own y (contiguous, as the forward writes it)
     and a gradient of y's shape and dtype: the checks are skipped (host time on every backward)
     where both are contiguous, else made."""
-    n_cols = y.shape[-1]
     if not (dy.shape == y.shape and dy.dtype == y.dtype and y.is_contiguous()
-            and dy.is_contiguous() and n_cols):
+            and dy.is_contiguous() and y.numel()):
         return softmax_backward(y, dy)
+    n_cols = y.shape[-1]
     n_rows = y.numel() // n_cols
-    if not n_rows:
-        return softmax_backward(y, dy)
     return _backward_rows(y, y.view(n_rows, n_cols), dy.view(n_rows, n_cols), n_rows, n_cols)
 
 

@@ -13,8 +13,10 @@ token count. Three matmuls (the logits and the two gradient products) are the fl
 kernel reads and writes each chunk's logits once more.
 
 A vocabulary that is not a multiple of 8 (GPT-2's 50257) takes cuBLAS off its fast path (5-7x
-slower on an H100): the weight is padded with zero rows to a multiple of 64 (a copy per call),
-and so are the logits and dweight. dweight accumulates over the chunks in the weight's dtype
+slower on an H100) in each matmul that has it as a dimension: each matmul is split at the largest
+multiple of 8 (50256) and the few classes left (one) go through a thin matmul of their own; the
+logits' rows are padded in the buffer (16-byte aligned rows). dweight accumulates over the chunks
+in the weight's dtype
 (cuBLAS adds in float32 and rounds once per chunk, as Liger does: its error grows with the number
 of chunks). The mean's 1/count stays on the GPU and scales the gradient in the row kernel (in
 float16 it is the matmuls' alpha, in float32, which needs the count on the host); a target out
@@ -36,11 +38,11 @@ import triton.language as tl
 from .._autograd import NS, _direct
 from .._checks import check_pow2, check_same, check_tensor, empty, next_pow2
 from .._launch import launch
+from .softmax.forward import ONLINE_BLOCK, half_online_tile
 
 REDUCTIONS = ("mean", "sum")
 CHUNK_BYTES = 256 * 2**20  # one chunk of logits (and their gradient, in place): at most this
-BLOCK_V = 4096  # the row kernel's tile of the vocabulary
-PAD_TO = 64  # a vocabulary that is not a multiple of 8 is padded to a multiple of this
+PAD_TO = 64  # the logits buffer's rows: the vocabulary padded to a multiple of this
 
 
 def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
@@ -55,64 +57,85 @@ def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
 
 
 @triton.jit
-def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, stride_row,
+def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P, stride_row,
                     ignore_index, smoothing, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr,
                     WITH_GRAD: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
     """One row of logits: its loss, and (WITH_GRAD) their gradient written over them:
     softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where the target is ignored;
     times *scale_ptr (the mean's 1/count, on the device) if SCALED, else unscaled (float16: the
     scale is applied in float32 after the matmuls, so that no small gradient underflows). The
-    bias (HAS_BIAS) is added here, to the logits as read. Only the first V columns are read or
-    written.
+    bias (HAS_BIAS, padded to P with zeros) is added here, to the logits as read. The row is read
+    and written over P columns, a multiple of 64 (the buffer's padded row; the gradient is 0
+    past V): a mask at an odd V would cut every access to single elements, and scattered 2-byte
+    stores ran the gradient loop at under half the copy's speed (H100). As the softmax family's
+    online kernel: a running (max, sum) over the tiles, then the
+    gradient loop walks them last to first, so the tiles read last, the likeliest still in L2,
+    are read again first.
     """
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     target = tl.load(target_ptr + row)
     cols = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    total = tl.zeros([BLOCK], tl.float32)
-    for start in tl.range(0, V, BLOCK):
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    total = tl.full((), 0.0, tl.float32)
+    for start in range(0, V, BLOCK):
         c = start + cols
-        z = tl.load(base + c, mask=c < V, other=float("-inf")).to(tl.float32)
+        # evict_last: the gradient loop reads the row again.
+        z = tl.load(base + c, mask=c < P, other=0.0, eviction_policy="evict_last").to(tl.float32)
         if HAS_BIAS:
-            z += tl.load(bias_ptr + c, mask=c < V, other=0.0).to(tl.float32)
-        m_new = tl.maximum(m, z)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
-        s = s * tl.exp(m - m_safe) + tl.exp(z - m_safe)
+            z += tl.load(bias_ptr + c, mask=c < P, other=0.0).to(tl.float32)
+        z = tl.where(c < V, z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, 0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(z - shift), 0)
         m = m_new
-        total += tl.where(c < V, z, 0.0)
-    row_max = tl.max(m, 0)
-    sum_exp = tl.sum(s * tl.exp(m - row_max), 0)
-    lse = row_max + tl.log(sum_exp)
+        if SMOOTH:  # only then: a -inf logit (a masked class) would make 0 * -inf below
+            total += tl.sum(tl.where(c < V, z, 0.0), 0)
+    lse = m + tl.log(s)
     ignored = target == ignore_index
     z_target = tl.load(base + target, mask=target != ignore_index, other=0.0).to(tl.float32)
     if HAS_BIAS:
         z_target += tl.load(bias_ptr + target, mask=target != ignore_index, other=0.0).to(
             tl.float32)
     loss = lse - (1.0 - smoothing) * z_target
-    if SMOOTH:  # only then: a -inf logit (a masked class) would make 0 * -inf here
-        loss -= smoothing / V * tl.sum(total, 0)
+    if SMOOTH:
+        loss -= smoothing / V * total
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     if WITH_GRAD:
         row_scale = tl.where(ignored, 0.0, tl.load(scale_ptr) if SCALED else 1.0)
-        for start in tl.range(0, V, BLOCK):
-            c = start + cols
-            z = tl.load(base + c, mask=c < V, other=0.0).to(tl.float32)
+        n_tiles = tl.cdiv(V, BLOCK)
+        for i in range(0, n_tiles):
+            c = (n_tiles - 1 - i) * BLOCK + cols
+            z = tl.load(base + c, mask=c < P, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
             if HAS_BIAS:
-                z += tl.load(bias_ptr + c, mask=c < V, other=0.0).to(tl.float32)
+                z += tl.load(bias_ptr + c, mask=c < P, other=0.0).to(tl.float32)
+            z = tl.where(c < V, z, float("-inf"))  # past V: whatever the buffer held
             g = (tl.exp(z - lse) - smoothing / V - (1.0 - smoothing) * (c == target)) * row_scale
-            tl.store(base + c, g.to(logits_ptr.dtype.element_ty), mask=c < V)
+            g = tl.where(c < V, g, 0.0)
+            tl.store(base + c, g.to(logits_ptr.dtype.element_ty), mask=c < P)
+
+
+def row_tile(vocab: int, itemsize: int) -> tuple[int, int]:
+    """(block, num_warps) of the row kernel: the softmax family's online tiles (16-bit rows:
+    `half_online_tile`; float32: ONLINE_BLOCK), no larger than the row."""
+    block, warps = half_online_tile(vocab) if itemsize < 4 else (ONLINE_BLOCK, 16)
+    block = min(block, max(16, next_pow2(vocab)))
+    return block, max(4, min(warps, block // 1024))
 
 
 def padded_width(vocab: int) -> int:
-    """The logits buffer's row length: the vocabulary, padded to PAD_TO unless a multiple of 8."""
-    return vocab if vocab % 8 == 0 else -(-vocab // PAD_TO) * PAD_TO
+    """The logits buffer's row length: the vocabulary, padded to a multiple of PAD_TO."""
+    return -(-vocab // PAD_TO) * PAD_TO
 
 
 def default_chunk_rows(n: int, vocab: int, itemsize: int) -> int:
-    """Rows per chunk: as many as CHUNK_BYTES of logits hold."""
-    return max(1, min(n, CHUNK_BYTES // (padded_width(vocab) * itemsize)))
+    """Rows per chunk: as few chunks as CHUNK_BYTES of logits allow, of equal rows (no short last
+    chunk, whose matmuls run below speed and still read and write all of dweight)."""
+    most = max(1, CHUNK_BYTES // (padded_width(vocab) * itemsize))
+    chunks = max(1, -(-n // most))
+    return max(1, -(-n // chunks))
 
 
 def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing):
@@ -138,24 +161,20 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing):
 
 
 def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                 label_smoothing=0.0, *, with_grad=True, chunk_rows=None, block=BLOCK_V):
+                 label_smoothing=0.0, *, with_grad=True, chunk_rows=None, block=None):
     """(loss, dx, dweight, dbias): the loss and, with_grad, its gradients (dbias None without a
     bias), the logits never held beyond one chunk of `chunk_rows` rows (default: CHUNK_BYTES of
-    them)."""
+    them); block: the row kernel's tile (default `row_tile`)."""
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing)
-    check_pow2("block", block)
+    if block is not None:
+        check_pow2("block", block)
     n, hidden = x.shape
     vocab = weight.shape[0]
     # cuBLAS is 5-7x slower where a matmul's dimension is the vocabulary and that is not a multiple
-    # of 8 (measured on an H100): pad the weight with zero rows (a copy) and dweight alike (its
-    # first `vocab` rows are returned, a view: no second copy).
+    # of 8 (measured on an H100): every matmul is split into the first `v8` classes and the rest.
+    v8 = vocab - vocab % 8
     padded = padded_width(vocab)
-    w = weight
-    if padded != vocab:
-        w = weight.new_zeros((padded, hidden))
-        w[:vocab] = weight
     target = target.contiguous()  # the kernel reads one index per row, adjacent
-    bias = None if bias is None else bias.contiguous()  # and the bias's entries, adjacent
     kept = target != ignore_index
     bad = (kept & ((target < 0) | (target >= vocab))).sum()
     outside = (f"target holds class indices outside [0, {vocab}) that are not ignore_index "
@@ -180,8 +199,6 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
         scale_t = torch.where(count > 0, 1.0 / count.clamp_min(1), 0.0).float()
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, vocab, x.element_size())
-    # The padding columns of the logits stay zero (zero weight rows, no bias there): their
-    # gradient is zero without the kernel writing it.
     buffer = torch.empty((min(n, chunk_rows), padded), dtype=x.dtype, device=x.device)
     losses = empty((n,), torch.float32, x.device)
     dx = torch.empty_like(x) if with_grad else None
@@ -189,31 +206,43 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     # The first chunk writes it (beta=0), so it needs no zeros but where no chunk runs.
     dw = None
     if with_grad:
-        dw = (torch.zeros((padded, hidden), dtype=weight.dtype, device=x.device) if n == 0
-              else empty((padded, hidden), weight.dtype, x.device))
+        dw = (torch.zeros((vocab, hidden), dtype=weight.dtype, device=x.device) if n == 0
+              else empty((vocab, hidden), weight.dtype, x.device))
     db = torch.zeros((vocab,), dtype=torch.float32, device=x.device) \
         if with_grad and bias is not None else None
+    parts = [p for p in (slice(0, v8), slice(v8, vocab)) if p.stop > p.start]
+    bias_p = None  # the bias padded with zeros, as the logits' rows are (see _ce_rows_kernel)
+    if bias is not None:
+        bias_p = bias.new_zeros((padded,))
+        bias_p[:vocab] = bias
+    tile, warps = row_tile(vocab, x.element_size())
+    if block is not None:
+        tile = min(block, tile)
     for start in range(0, n, chunk_rows):
         rows = slice(start, min(n, start + chunk_rows))
         xc = x[rows]
-        full = buffer[:xc.shape[0]]
-        torch.mm(xc, w.t(), out=full)
-        logits = full[:, :vocab]
-        launch(_ce_rows_kernel, (logits.shape[0],), logits, bias, target[rows], losses[rows],
-               losses if scale_t is None else scale_t, vocab, logits.stride(0),
+        logits = buffer[:xc.shape[0], :vocab]
+        for p in parts:
+            torch.mm(xc, weight[p].t(), out=logits[:, p])
+        launch(_ce_rows_kernel, (logits.shape[0],), logits, bias_p, target[rows], losses[rows],
+               losses if scale_t is None else scale_t, vocab, padded, logits.stride(0),
                int(ignore_index), float(label_smoothing), HAS_BIAS=bias is not None,
                SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad, SCALED=scale_t is not None,
-               BLOCK=min(block, max(16, next_pow2(vocab))))
+               BLOCK=tile, num_warps=warps)
         if with_grad:  # the gradient is in `logits` now; the host's scale is cuBLAS's alpha
-            torch.addmm(dx[rows], full, w, beta=0, alpha=scale, out=dx[rows])
-            torch.addmm(dw, full.t(), xc, beta=1 if start else 0, alpha=scale, out=dw)
+            # The thin part first: the large one then adds to it, rounding dx once.
+            for i, p in enumerate(reversed(parts)):
+                torch.addmm(dx[rows], logits[:, p], weight[p], beta=min(i, 1), alpha=scale,
+                            out=dx[rows])
+                torch.addmm(dw[p], logits[:, p].t(), xc, beta=1 if start else 0, alpha=scale,
+                            out=dw[p])
             if db is not None:
                 db += logits.sum(0, dtype=torch.float32)
     # The mean over no target: 0 / 0, nan, as torch's.
     loss = losses.sum() / count if reduction == "mean" else losses.sum()
     if not with_grad:
         return loss, None, None, None
-    return loss, dx, dw[:vocab], None if db is None else db.mul_(scale).to(bias.dtype)
+    return loss, dx, dw, None if db is None else db.mul_(scale).to(bias.dtype)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -57,6 +57,16 @@ def reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean",
 
 
 @triton.jit
+def _logits_tile(base, bias_ptr, c, V, P, HAS_BIAS: tl.constexpr, EVICT: tl.constexpr):
+    """Columns c of a row of logits in float32, the bias added; -inf past V (the padding holds
+    whatever the buffer held). Read over P columns: see _ce_rows_kernel."""
+    z = tl.load(base + c, mask=c < P, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + c, mask=c < P, other=0.0).to(tl.float32)
+    return tl.where(c < V, z, float("-inf"))
+
+
+@triton.jit
 def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P, stride_row,
                     ignore_index, smoothing, HAS_BIAS: tl.constexpr, SMOOTH: tl.constexpr,
                     WITH_GRAD: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
@@ -82,10 +92,7 @@ def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P,
     for start in range(0, V, BLOCK):
         c = start + cols
         # evict_last: the gradient loop reads the row again.
-        z = tl.load(base + c, mask=c < P, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if HAS_BIAS:
-            z += tl.load(bias_ptr + c, mask=c < P, other=0.0).to(tl.float32)
-        z = tl.where(c < V, z, float("-inf"))
+        z = _logits_tile(base, bias_ptr, c, V, P, HAS_BIAS, "evict_last")
         m_new = tl.maximum(m, tl.max(z, 0))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
         s = s * tl.exp(m - shift) + tl.sum(tl.exp(z - shift), 0)
@@ -107,11 +114,7 @@ def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P,
         n_tiles = tl.cdiv(V, BLOCK)
         for i in range(0, n_tiles):
             c = (n_tiles - 1 - i) * BLOCK + cols
-            z = tl.load(base + c, mask=c < P, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
-            if HAS_BIAS:
-                z += tl.load(bias_ptr + c, mask=c < P, other=0.0).to(tl.float32)
-            z = tl.where(c < V, z, float("-inf"))  # past V: whatever the buffer held
+            z = _logits_tile(base, bias_ptr, c, V, P, HAS_BIAS, "evict_first")
             g = (tl.exp(z - lse) - smoothing / V - (1.0 - smoothing) * (c == target)) * row_scale
             g = tl.where(c < V, g, 0.0)
             tl.store(base + c, g.to(logits_ptr.dtype.element_ty), mask=c < P)
@@ -232,7 +235,7 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
         if with_grad:  # the gradient is in `logits` now; the host's scale is cuBLAS's alpha
             # The thin part first: the large one then adds to it, rounding dx once.
             for i, p in enumerate(reversed(parts)):
-                torch.addmm(dx[rows], logits[:, p], weight[p], beta=min(i, 1), alpha=scale,
+                torch.addmm(dx[rows], logits[:, p], weight[p], beta=1 if i else 0, alpha=scale,
                             out=dx[rows])
                 torch.addmm(dw[p], logits[:, p].t(), xc, beta=1 if start else 0, alpha=scale,
                             out=dw[p])

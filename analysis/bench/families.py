@@ -5,7 +5,8 @@ Three grids:
 - "book" (the default): the sizes the book's figures and tables show, one trial per
   configuration, and the two baselines that search at every new shape (torch.compile's
   max-autotune, FlagGems' autotuned attention) at each family's headline case only.
-- "full": every size, block and baseline, three trials: what builds the committed references.
+- "full": every size, block and baseline, three trials (attention's two searching baselines at its
+  headline case only, FULL_SEARCHES_HEADLINE_ONLY): what builds the committed references.
 - "smoke": toy shapes, one brief trial (the pipeline's check, on a CPU or a GPU): our kernels and
   eager at every shape, the other baselines at each op's first shape only, none that searches.
 """
@@ -39,6 +40,10 @@ TIMING = {"book": dict(per_graph_ms=10), "full": {},
 # (40 s at the headline alone, behind cuDNN and FlashAttention) and max-autotune of the LM head
 # and its loss (58 s, on an H100) not at all.
 SEARCHING = {("layernorm", "flag_gems"), *((f, "torch_compile_max") for f in FAMILIES)}
+# In the full grid too, where searching at every shape cost the most and never won: attention's
+# max-autotune and FlagGems took 1,167 of the 3,894 s of rows of the H100 reference of 2026-11-26
+# and were at best 1.007x and 1.21x the fastest row at each of its 44 shapes.
+FULL_SEARCHES_HEADLINE_ONLY = {("attention", "flag_gems"), ("attention", "torch_compile_max")}
 BOOK_LEAVES_OUT = {("attention", "flag_gems"), ("linear_cross_entropy", "torch_compile_max")}
 # The smoke grid checks the pipeline, in ~90 s on a GPU with empty caches: a search at every toy
 # shape would be most of that (max-autotune; FlagGems autotunes), and a baseline's first call at
@@ -99,6 +104,9 @@ def select_problems(args) -> list[sweep.Problem]:
         elif args.grid == "book":
             dropped = BOOK_LEAVES_OUT | (set() if is_headline(p) else SEARCHING)
             p.variants = [v for v in p.variants if (p.family, v.impl) not in dropped]
+        elif not is_headline(p):
+            p.variants = [v for v in p.variants
+                          if (p.family, v.impl) not in FULL_SEARCHES_HEADLINE_ONLY]
     chosen = select_shapes(select_ops(problems, args.op), args.where)
     if args.where and not chosen:  # a typo'd column or value would measure nothing, silently
         columns = sorted({c for p in problems for c in p.shape})

@@ -205,11 +205,13 @@ def test_host_cost_keeps_second_cases_apart(tmp_path):
 
 
 def test_lm_head_section_only_where_its_rows_are(tmp_path):
-    """The matmul chapter's LM head section: absent on the references (which predate the family),
-    present with its table and sentence on a GPU run that has the rows."""
+    """The matmul chapter's LM head section: absent from a folder without the family's rows,
+    present with its table and sentence where it has them (the H100 reference, a made-up run)."""
     from triton_fusion_report.analysis.book import lm_head
 
-    assert lm_head.compute([REFERENCE])["say"]["section"] == ""
+    assert lm_head.compute([REFERENCE])["say"]["section"].startswith("## The LM head")
+    (tmp_path / "none").mkdir()
+    assert lm_head.compute([tmp_path / "none"])["say"]["section"] == ""
     impls = ["torch_eager", "torch_compile", "liger", "triton_fused"]
     rows = pd.DataFrame(dict(
         family="linear_cross_entropy", op="linear_cross_entropy_fwd_bwd", impl=impls,
@@ -281,23 +283,26 @@ def test_training_table_reads_the_training_rows(tmp_path):
 
 
 def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
-    """The attention chapter's Gluon subsection: on the references (which predate the kernel
-    sweep) no table and one sentence that says so; on a folder with the sweep's rows (the H100
-    reference with rows forced to each kernel added), the table of TFLOP/s per head_dim x causal
-    and sentences that say where Gluon beats the `tl` kernels, where it trails and where it does
-    not apply, every figure from the rows."""
+    """The attention chapter's Gluon subsection: on a folder that predates the kernel sweep (the
+    H100 reference without its rows forced to each kernel) no table and one sentence that says
+    so; with the sweep's rows (made up here from the tuned rows' times), the table of TFLOP/s per
+    head_dim x causal and sentences that say where Gluon beats the `tl` kernels, where it trails
+    and where it does not apply, every figure from the rows. The reference itself has the table."""
     from triton_fusion_report.analysis.book import attention
 
+    assert len(attention.compute([REFERENCE])["gluon"]) == 4
     qmd = ROOT / "report" / "attention.qmd"
-    c = attention.compute([REFERENCE])
-    assert not len(c["gluon"]) and c["say"]["gluon"] == attention.PREDATES_GLUON
-    made = run_chapter(qmd, REFERENCE)
-    assert attention.PREDATES_GLUON in made["inline"]
-    assert "tbl-attn-gluon" not in capsys.readouterr().out
-
     for path in REFERENCE.iterdir():
         shutil.copy(path, tmp_path / path.name)
     df = pd.read_parquet(REFERENCE / "attention.parquet")
+    df = df[df["sweep"] != "kernel"]
+    df.to_parquet(tmp_path / "attention.parquet")
+    c = attention.compute([tmp_path])
+    assert not len(c["gluon"]) and c["say"]["gluon"] == attention.PREDATES_GLUON
+    made = run_chapter(qmd, tmp_path)
+    assert attention.PREDATES_GLUON in made["inline"]
+    assert "tbl-attn-gluon" not in capsys.readouterr().out
+
     tuned = df[(df["op"] == "attention_fwd") & (df["impl"] == "triton_fused")
                & (df["sweep"] == "size") & (df["seq"] == 4096) & df["head_dim"].isin([64, 128])]
     assert len(tuned) == 4

@@ -198,14 +198,20 @@ def roofline_say(pts: pd.DataFrame) -> str:
     return "At its best point, each family's fused kernel reaches: " + "; ".join(parts) + "."
 
 
-def sm_say(folder: Path) -> str:
+def sm_say(folders: list) -> str:
     """Why a compute-bound fused kernel stops short where it is the slower: its longest
     kernel's SM throughput (the busiest unit against its peak) beside the fastest other
-    implementation's, on the profiled cases."""
-    path = Path(folder) / "profile_details.parquet"
-    if not path.exists():
+    implementation's, on the profiled cases of the first folder that has them (its GPU named
+    where that is not the first folder's)."""
+    found = [f for f in folders if (Path(f) / "profile_details.parquet").exists()]
+    if not found:
         return D.lacking("Nsight Compute details of the matmul families")
-    counters = P.target_counters(pd.read_parquet(path))
+    folder = found[0]
+    details = pd.read_parquet(Path(folder) / "profile_details.parquet")
+    counters = P.target_counters(details)
+    when = (f" (profiled {str(details['started_at'].iloc[0])[:10]})"
+            if "started_at" in details and len(details) else "")
+    where = "" if folder == folders[0] else f"On the {gpu_names(folders)[folder]}{when}, w"
     parts, ahead = [], []
     for family, g in counters.groupby("family", sort=False):
         ours, other = g[g["impl"] == "triton_fused"], g[g["impl"] != "triton_fused"]
@@ -221,11 +227,13 @@ def sm_say(folder: Path) -> str:
     if not parts and not ahead:
         return D.lacking("profiled fused kernel beside another implementation")
     return " ".join(filter(None, [
-        "Where a profiled fused kernel is the slower, Nsight Compute shows how busy the SM's "
+        (f"{where}here" if where else "Where") + " a profiled fused kernel is the slower, "
+        "Nsight Compute shows how busy the SM's "
         "busiest unit (tensor cores or instruction issue) is in its longest kernel against the "
         "fastest other implementation's: " + "; ".join(parts) + "." if parts else "",
-        f"On the profiled case{'s' * (len(ahead) > 1)} of {' and '.join(ahead)}, ours is the "
-        "faster." if ahead else ""]))
+        f"On the profiled case{'s' * (len(ahead) > 1)} of {' and '.join(ahead)}"
+        f"{' on the ' + gpu_names(folders)[folder] if where else ''}, ours is the faster."
+        if ahead else ""]))
 
 
 # --- the traffic model against the DRAM counters ------------------------------------------------
@@ -466,7 +474,7 @@ def compute(folders: list) -> dict:
     counters = counter_table(folders)
     lc = launch(folder)
     gpus, bw = gpu_table(folders)
-    say = {"roofline": roofline_say(pts), "sm": sm_say(folder), "counters": counter_say(counters),
+    say = {"roofline": roofline_say(pts), "sm": sm_say(folders), "counters": counter_say(counters),
            "launch": launch_say(lc), "gpus": gpu_say(gpus, bw), "accuracy": accuracy_say(folder),
            "launch_sizes": f"at a tiny size ({lc['sizes']})" if lc else "at a tiny size",
            **place_say(cases)}

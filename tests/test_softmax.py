@@ -407,3 +407,31 @@ def test_own_output_backward_checks_what_it_cannot_assume(device):
     yt = torch.softmax(torch.randn(6, 4, device=device), 0).t()  # rows strided: checked, refused
     with pytest.raises(ValueError, match="contiguous"):
         smb.own_output_backward(yt, dy)
+
+
+@fast_cases(lambda dtype, n: (dtype, n) in ((torch.bfloat16, 37), (torch.float32, 7)))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 37, 64])
+def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
+    """The online forward and the looping backward walk rows in 16-byte aligned coordinates
+    (VEC > 1) where the rows are not whole vectors: nine rows of an odd width start at every
+    offset within a vector, rows shorter than a vector included. Where a base is not aligned or
+    the row strides differ they take the plain tiles (VEC 1). Outputs start as NaN, so an
+    element left unwritten (or a neighbour's written) fails."""
+    nan_like = lambda t: torch.full_like(t, float("nan"))  # noqa: E731
+    monkeypatch.setattr(sm, "empty_like", nan_like)
+    monkeypatch.setattr(smb, "empty", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(smb, "plan", lambda n_cols: smb.Plan(smb.TWO_PASS, 16, 1, 4))
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    flat = rand((9 * n + 1,), dtype, device)
+    aligned, shifted = flat[:-1].view(9, n), flat[1:].view(9, n)  # base 16-byte aligned / not
+    assert sm.aligned_vector(n, (n, n), (aligned, aligned)) == (1 if n % vec == 0 else vec)
+    assert sm.aligned_vector(n, (n, n), (shifted, aligned)) == 1
+    assert sm.aligned_vector(n, (n + 8, n), (aligned, aligned)) == 1
+    for x in (aligned, shifted):
+        assert rel_err(sm.triton_fused(x, path="online", block=16), ref64(x)) <= 2 * TOL[dtype]
+    y, dy = bwd_inputs((9, n), dtype, device)
+    wide_dy = bwd_inputs((9, n + 3), dtype, device)[1]
+    for dy_ in (dy, wide_dy[:, :n]):  # one row stride, or dy's rows n + 3 apart
+        assert rel_err(smb.triton_fused(y, dy_), bwd_ref64(y, dy_)) <= 4 * TOL[dtype]

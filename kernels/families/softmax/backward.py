@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, unfused_tile
 from ..._launch import launch
+from .forward import _row_bounds, aligned_vector
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096
@@ -49,8 +50,16 @@ def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, y_stride, dy_stri
 
 @triton.jit
 def _softmax_bwd_loop_kernel(y_ptr, dy_ptr, dx_ptr, n_cols, y_stride, dy_stride, dx_stride,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """VEC > 1: one row stride and 16-byte aligned bases, the rows walked in aligned coordinates
+    (as the forward's online kernel)."""
     row = tl.program_id(0).to(tl.int64)
+    if VEC > 1:
+        start = row * y_stride
+        lead = start % VEC
+        base = tl.multiple_of(start - lead, VEC)
+        _aligned_bwd_row(y_ptr + base, dy_ptr + base, dx_ptr + base, lead, n_cols, BLOCK, VEC)
+        return
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
@@ -69,6 +78,35 @@ def _softmax_bwd_loop_kernel(y_ptr, dy_ptr, dx_ptr, n_cols, y_stride, dy_stride,
         dy = tl.load(dy_ptr + row * dy_stride + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + row * dx_stride + offs, (y * (dy - dot)).to(dx_ptr.dtype.element_ty),
                  mask=mask)
+
+
+@triton.jit
+def _aligned_bwd_row(y_al, dy_al, dx_al, lead, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """dx of the row at [lead, lead + n) past the VEC-aligned y_al, dy_al, dx_al: the sum over
+    whole aligned vectors (the elements around the row read and zeroed), then dx's whole vectors
+    with 16-byte accesses and its partial vectors at either end element by element."""
+    cols = tl.arange(0, BLOCK)
+    end, end_v, lo, hi = _row_bounds(lead, n, VEC)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, end_v, BLOCK):
+        k = start + cols
+        y = tl.load(y_al + k, mask=k < end_v, other=0.0, eviction_policy="evict_last")
+        dy = tl.load(dy_al + k, mask=k < end_v, other=0.0, eviction_policy="evict_last")
+        acc += tl.where((k >= lead) & (k < end), y.to(tl.float32) * dy.to(tl.float32), 0.0)
+    dot = tl.sum(acc, axis=0)
+    for start in range(0, hi, BLOCK):
+        k = start + cols
+        _write_dx(y_al, dy_al, dx_al, k, (k >= lo) & (k < hi), dot)
+    e = tl.arange(0, VEC)
+    _write_dx(y_al, dy_al, dx_al, e, (e >= lead) & (e < lo) & (e < end), dot)
+    _write_dx(y_al, dy_al, dx_al, hi + e, (hi + e >= lo) & (hi + e < end), dot)
+
+
+@triton.jit
+def _write_dx(y_al, dy_al, dx_al, k, part, dot):
+    y = tl.load(y_al + k, mask=part, other=0.0).to(tl.float32)
+    dy = tl.load(dy_al + k, mask=part, other=0.0).to(tl.float32)
+    tl.store(dx_al + k, (y * (dy - dot)).to(dx_al.dtype.element_ty), mask=part)
 
 
 def reference(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -136,7 +174,8 @@ def _backward_rows(y, y_rows, dy_rows, n_rows, n_cols) -> torch.Tensor:
                n_cols, *strides, ROWS=p.rows, BLOCK=p.block, num_warps=p.num_warps)
     else:
         launch(_softmax_bwd_loop_kernel, (n_rows,), y_rows, dy_rows, dx_rows, n_cols, *strides,
-               BLOCK=p.block, num_warps=p.num_warps)
+               BLOCK=p.block, VEC=aligned_vector(n_cols, strides, (y_rows, dy_rows, dx_rows)),
+               num_warps=p.num_warps)
     return dx
 
 

@@ -149,6 +149,63 @@ def _write_normalised(x_row, out_row, start, end, m, s, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _row_bounds(lead, n, VEC: tl.constexpr):
+    """A row of n elements starting `lead` elements past a VEC-aligned address, in coordinates
+    from that address: (its end, the end of its last vector, the start of its first whole
+    vector, the end of its last whole vector). The last three are multiples of VEC, so masks
+    against them hold for whole vectors and the accesses they guard are vectorised."""
+    end = lead + n
+    return end, tl.cdiv(end, VEC) * VEC, tl.cdiv(lead, VEC) * VEC, (end // VEC) * VEC
+
+
+@triton.jit
+def _aligned_max_sum(x_al, lead, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """_online_max_sum of the row x_al[lead:lead + n], x_al VEC-aligned: every load a whole
+    aligned vector, the elements around the row (its neighbours', or past the last row but
+    within its 16-byte vector) read and set to -inf."""
+    cols = tl.arange(0, BLOCK)
+    end, end_v, _, _ = _row_bounds(lead, n, VEC)
+    m = tl.full((), NEG_INF, tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    for tile_start in range(0, end_v, BLOCK):
+        k = tile_start + cols
+        x = tl.load(x_al + k, mask=k < end_v, other=NEG_INF,
+                    eviction_policy="evict_last").to(tl.float32)
+        x = tl.where((k >= lead) & (k < end), x, NEG_INF)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        m = m_new
+    return m, s
+
+
+@triton.jit
+def _aligned_write(x_al, out_al, lead, n, m, s, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """_write_normalised of the row at x_al[lead:lead + n] into out_al (the same offsets): the
+    row's whole vectors in tiles, last to first, with 16-byte accesses; then its partial vectors
+    at either end, element by element (a store must not touch the neighbouring rows)."""
+    cols = tl.arange(0, BLOCK)
+    inv_s = 1.0 / s
+    end, _, lo, hi = _row_bounds(lead, n, VEC)
+    n_tiles = tl.cdiv(hi, BLOCK)
+    for i in range(0, n_tiles):
+        k = (n_tiles - 1 - i) * BLOCK + cols
+        body = (k >= lo) & (k < hi)
+        x = tl.load(x_al + k, mask=body, other=NEG_INF,
+                    eviction_policy="evict_first").to(tl.float32)
+        tl.store(out_al + k, (tl.exp(x - m) * inv_s).to(out_al.dtype.element_ty), mask=body)
+    e = tl.arange(0, VEC)
+    _write_part(x_al, out_al, e, (e >= lead) & (e < lo) & (e < end), m, inv_s)
+    _write_part(x_al, out_al, hi + e, (hi + e >= lo) & (hi + e < end), m, inv_s)
+
+
+@triton.jit
+def _write_part(x_al, out_al, k, part, m, inv_s):
+    x = tl.load(x_al + k, mask=part, other=NEG_INF).to(tl.float32)
+    tl.store(out_al + k, (tl.exp(x - m) * inv_s).to(out_al.dtype.element_ty), mask=part)
+
+
+@triton.jit
 def _softmax_one_pass_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
                              BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -164,11 +221,21 @@ def _softmax_one_pass_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_strid
 
 @triton.jit
 def _softmax_online_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """VEC > 1 (elements in 16 bytes): x and out have 16-byte aligned bases and one row stride,
+    and the rows are walked in VEC-aligned coordinates. At a row length that is not a multiple
+    of VEC the plain masked tiles compile to 2-byte accesses (16-bit rows; docs/softmax.md)."""
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    m, s = _online_max_sum(x_row, 0, n_cols, BLOCK)
-    _write_normalised(x_row, out_ptr + row * out_row_stride, 0, n_cols, m, s, BLOCK)
+    if VEC == 1:
+        x_row = x_ptr + row * x_row_stride
+        m, s = _online_max_sum(x_row, 0, n_cols, BLOCK)
+        _write_normalised(x_row, out_ptr + row * out_row_stride, 0, n_cols, m, s, BLOCK)
+    else:
+        start = row * x_row_stride
+        lead = start % VEC
+        base = tl.multiple_of(start - lead, VEC)
+        m, s = _aligned_max_sum(x_ptr + base, lead, n_cols, BLOCK, VEC)
+        _aligned_write(x_ptr + base, out_ptr + base, lead, n_cols, m, s, BLOCK, VEC)
 
 
 @triton.jit
@@ -382,6 +449,17 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
     return Plan(path, block, num_warps, n_splits, chunk)
 
 
+def aligned_vector(n_cols: int, strides: tuple, tensors: tuple) -> int:
+    """The kernels' VEC, elements in 16 bytes, where rows of n_cols elements are better walked in
+    aligned coordinates: one row stride in all `tensors`, every base 16-byte aligned, and the
+    rows not already whole vectors. Else 1 (the plain masked tiles)."""
+    vec = 16 // tensors[0].element_size()
+    stride = strides[0]
+    if vec == 1 or not (n_cols % vec or stride % vec) or any(s != stride for s in strides):
+        return 1
+    return 1 if any(t.data_ptr() & 15 for t in tensors) else vec
+
+
 def _rows_plan(x, block, num_warps, path, splits):
     """as_rows' checks and `plan`: (n_rows, n_cols, x's row stride or None when x is empty, Plan).
     """
@@ -425,6 +503,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
                num_warps=p.num_warps)
     elif p.path == ONLINE:
         launch(_softmax_online_kernel, (n_rows,), x, out, *args, BLOCK=p.block,
+               VEC=aligned_vector(n_cols, (x_row_stride, n_cols), (x, out)),
                num_warps=p.num_warps)
     elif p.path == COOP:
         # One program per SM at most, launched co-operatively: CUDA starts the grid only when all

@@ -1374,6 +1374,16 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
             else:
                 assert not impls & (searching | left_out), (family, p.shape)
     assert families.TRIALS == {"book": 1, "full": 3, "smoke": 1}
+    # The full grid keeps every baseline but attention's searching ones off its headline.
+    everything = families.FAMILIES["attention"]("full")
+    chosen = families.select_problems(SimpleNamespace(grid="full", family=["attention"], op=None,
+                                                      where=None))
+    dropped = {i for f, i in families.FULL_SEARCHES_HEADLINE_ONLY if f == "attention"}
+    assert len(chosen) == len(everything)
+    for p, whole in zip(chosen, everything):
+        impls, before = {v.impl for v in p.variants}, {v.impl for v in whole.variants}
+        assert impls == (before if families.is_headline(p) else before - dropped)
+    assert any(dropped <= {v.impl for v in p.variants} for p in chosen)
 
 
 def test_warm_calls_the_compiling_variants_and_keeps_no_choice(monkeypatch):

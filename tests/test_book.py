@@ -259,6 +259,13 @@ def test_model_section_reads_the_model_check(tmp_path):
     c.loc[c["kind"] == "timing", "gc"] = "off"
     c.to_csv(tmp_path / "model_check.csv", index=False)
     assert "garbage collector off" in model.compute([tmp_path])["say"]["section"]
+    from triton_fusion_report.analysis.book import summary
+
+    finding = summary._model(model.timings(tmp_path))
+    assert ("runs at 1.50× eager PyTorch's tokens/s in 0.50× its peak memory; its GPU is busy "
+            "30.0 of each 53.0 ms step (eager's 70.0 of 80.0)") in finding
+    assert "alone make it 1.10× faster (@sec-model)." in finding
+    assert "These data hold no" in summary._model(model.timings(tmp_path / "none"))
 
 
 def test_training_table_reads_the_training_rows(tmp_path):

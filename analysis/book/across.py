@@ -209,9 +209,10 @@ def sm_say(folders: list) -> str:
     folder = found[0]
     details = pd.read_parquet(Path(folder) / "profile_details.parquet")
     counters = P.target_counters(details)
+    # Another folder's profile: its GPU (and when it was profiled) named.
+    gpu = "" if folder == folders[0] else gpu_names(folders)[folder]
     when = (f" (profiled {str(details['started_at'].iloc[0])[:10]})"
             if "started_at" in details and len(details) else "")
-    where = "" if folder == folders[0] else f"On the {gpu_names(folders)[folder]}{when}, w"
     parts, ahead = [], []
     for family, g in counters.groupby("family", sort=False):
         ours, other = g[g["impl"] == "triton_fused"], g[g["impl"] != "triton_fused"]
@@ -227,12 +228,12 @@ def sm_say(folders: list) -> str:
     if not parts and not ahead:
         return D.lacking("profiled fused kernel beside another implementation")
     return " ".join(filter(None, [
-        (f"{where}here" if where else "Where") + " a profiled fused kernel is the slower, "
-        "Nsight Compute shows how busy the SM's "
+        (f"On the {gpu}{when}, where" if gpu else "Where") + " a profiled fused kernel is the "
+        "slower, Nsight Compute shows how busy the SM's "
         "busiest unit (tensor cores or instruction issue) is in its longest kernel against the "
         "fastest other implementation's: " + "; ".join(parts) + "." if parts else "",
         f"On the profiled case{'s' * (len(ahead) > 1)} of {' and '.join(ahead)}"
-        f"{' on the ' + gpu_names(folders)[folder] if where else ''}, ours is the faster."
+        f"{' on the ' + gpu if gpu else ''}, ours is the faster."
         if ahead else ""]))
 
 

@@ -14,6 +14,9 @@ OPS = {"layer_norm": "LayerNorm", "attention": "attention", "mlp": "linear + GEL
        "head": "LM head + loss"}
 
 
+HEADING = "## In a model: GPT-2 small {#sec-model}\n\n"
+
+
 def timings(folder) -> pd.DataFrame:
     """The model check's timing rows that ran, by variant (in VARIANTS' order)."""
     c = D.load_csv(folder, "model_check")
@@ -168,7 +171,7 @@ def compute(folders: list) -> dict:
     folder = folders[0]
     t = timings(folder)
     if not len(t):
-        return {"say": {"section": "## In a model: GPT-2 small\n\n" + D.lacking(
+        return {"say": {"section": HEADING + D.lacking(
             "GPT-2 timings (the model check needs `transformers` on the GPU machine)") + "\n\n"
             + _training_text(folder)}}
     ops = t["ops"].get("triton_fused") if "ops" in t else None
@@ -177,7 +180,7 @@ def compute(folders: list) -> dict:
     b, s = int(t["batch"].iloc[0]), int(t["seq"].iloc[0])
     split, host = _split(folder, t), _host(folder)
     section = (
-        "## In a model: GPT-2 small\n\n"
+        HEADING +
         f"Hugging Face's GPT-2 small (random weights), one forward and backward of {b} × {s:,} "
         f"tokens under bf16 autocast, with our {swapped} swapped in "
         f"(`analysis/bench/model_check.py`{_gc_note(t)}). " + _sentence(t) + " "

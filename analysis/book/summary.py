@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from . import across, cases, data as D, figures
+from . import across, cases, data as D, figures, model
 
 MEMORY_BOUND = 10  # FLOP per byte below which a family's headline is bound by bandwidth
 TIE = 0.03  # a few percent is the spread of repeated runs: a tie, not a finding
@@ -23,6 +23,7 @@ def compute(folders: list) -> dict:
     gpu = D.gpu_label(D.gpu_of(folder))
     say = {"data": _data_line(folder, frames)}
     say.update(_sentences(table, pvm, across.launch(folder)))
+    say["model"] = _model(model.timings(folder))
     return dict(table=table, pvm=pvm, gpu=gpu, say=say)
 
 
@@ -183,6 +184,28 @@ def _small(lc: dict) -> str:
             f"Python functions and {D.range_text(eager.min(), eager.max(), '.0f')} µs in eager "
             f"PyTorch{floor} (@sec-across). There fusion pays only inside a CUDA graph or "
             "torch.compile, which take the host out of the loop.")
+
+
+def _model(t: pd.DataFrame) -> str:
+    """GPT-2 small trained with our ops (`model.timings`): tokens/s and peak memory against
+    eager's, the step's GPU share, and our LM head loss under torch.compile."""
+    tps = t["tokens_per_s"] if len(t) else pd.Series(dtype=float)
+    if not {"torch_eager", "triton_fused"} <= set(tps.index):
+        return D.lacking("GPT-2 training timings with our ops and with eager PyTorch")
+    ours, eager = t.loc["triton_fused"], t.loc["torch_eager"]
+    text = (f"**In a model, the host takes back part of the gain.** GPT-2 small trained with our "
+            f"ops swapped in runs at {tps['triton_fused'] / tps['torch_eager']:.2f}× eager "
+            f"PyTorch's tokens/s")
+    if "peak_mib" in t:
+        text += f" in {ours['peak_mib'] / eager['peak_mib']:.2f}× its peak memory"
+    text += (f"; its GPU is busy {ours['gpu_ms']:.1f} of each {ours['step_ms']:.1f} ms step "
+             f"(eager's {eager['gpu_ms']:.1f} of {eager['step_ms']:.1f}), the rest waiting on our "
+             "ops' Python host path")
+    if {"torch_compile", "torch_compile_triton_head"} <= set(tps.index):
+        text += (f". Under torch.compile, which takes the host out, our fused LM head and loss "
+                 f"alone make it {tps['torch_compile_triton_head'] / tps['torch_compile']:.2f}× "
+                 "faster")
+    return text + " (@sec-model)."
 
 
 def fig_predicted(c: dict):

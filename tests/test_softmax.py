@@ -413,8 +413,7 @@ def test_own_output_backward_checks_what_it_cannot_assume(device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 37, 64])
 def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
-    """The online forward and the two-pass backward (a persistent grid, here of two programs)
-    walk rows in 16-byte aligned coordinates
+    """The online forward and the looping backward walk rows in 16-byte aligned coordinates
     (VEC > 1) where the rows are not whole vectors: nine rows of an odd width start at every
     offset within a vector, rows shorter than a vector included. Where a base is not aligned or
     the row strides differ they take the plain tiles (VEC 1). Outputs start as NaN, so an
@@ -424,7 +423,6 @@ def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
     monkeypatch.setattr(smb, "empty", lambda shape, dtype, device: torch.full(
         shape, float("nan"), dtype=dtype, device=device))
     monkeypatch.setattr(smb, "plan", lambda n_cols: smb.Plan(smb.TWO_PASS, 16, 1, 4))
-    monkeypatch.setattr(smb, "loop_programs", lambda n_rows, row_bytes, device: 2)  # 4-5 rows each
     vec = 16 // torch.tensor([], dtype=dtype).element_size()
     flat = rand((9 * n + 1,), dtype, device)
     aligned, shifted = flat[:-1].view(9, n), flat[1:].view(9, n)  # base 16-byte aligned / not
@@ -437,14 +435,3 @@ def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
     wide_dy = bwd_inputs((9, n + 3), dtype, device)[1]
     for dy_ in (dy, wide_dy[:, :n]):  # one row stride, or dy's rows n + 3 apart
         assert rel_err(smb.triton_fused(y, dy_), bwd_ref64(y, dy_)) <= 4 * TOL[dtype]
-
-
-def test_two_pass_backward_grid_keeps_rows_in_flight_within_l2(monkeypatch):
-    """A whole number of programs per SM, as many as keep y's and dy's rows in flight within the
-    L2 budget, never more than the rows nor fewer than one per SM (or than the rows)."""
-    monkeypatch.setattr(smb, "sm_count_of", lambda device: 132)
-    budget = sm.COOP_L2_BUDGET
-    assert smb.loop_programs(4096, 50257 * 4, None) == 132  # bf16 y and dy: 201 KB a row
-    assert smb.loop_programs(4096, budget // 528, None) == 528
-    assert smb.loop_programs(4096, budget, None) == 132
-    assert smb.loop_programs(16, 50257 * 4, None) == 16

@@ -4,8 +4,7 @@ Memory-bound. Fused (`triton_fused`, the kernel the registered op runs), y and d
 and dx written once (three tensors' bytes), as eager PyTorch's `_softmax_backward_data` does in
 one kernel. Rows of up to MAX_ONE_TILE elements are held in registers, ROWS rows a program
 ("one_tile"); longer rows are read twice in LOOP_BLOCK tiles (a pass for the row's sum, a pass to
-write: "two_pass") by a persistent grid whose rows in flight fit in L2, so the second read comes
-from there.
+write: "two_pass"), the second read mostly from L2.
 
 Unfused (`triton_unfused`, the apples-to-apples baseline): a row-sum kernel stores each row's
 sum(y * dy) in float32, then an elementwise kernel reads y, dy and the sums and writes dx: y and
@@ -21,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, sm_count_of, unfused_tile
+from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, unfused_tile
 from ..._launch import launch
-from .forward import COOP_L2_BUDGET, _row_bounds, aligned_vector
+from .forward import _row_bounds, aligned_vector
 
 MAX_ONE_TILE = 16384
 LOOP_BLOCK = 4096
@@ -50,30 +49,42 @@ def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, y_stride, dy_stri
 
 
 @triton.jit
-def _softmax_bwd_loop_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, y_stride, dy_stride,
-                             dx_stride, BLOCK: tl.constexpr, VEC: tl.constexpr):
-    """A persistent grid (`loop_programs`): each program takes rows pid, pid + programs, ...,
-    so the rows in flight fit in L2 and a row's second pass reads it from there. VEC > 1: one
-    row stride and 16-byte aligned bases, the rows walked in aligned coordinates (as the
-    forward's online kernel)."""
-    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
-        if VEC > 1:
-            start = row * y_stride
-            lead = start % VEC
-            base = tl.multiple_of(start - lead, VEC)
-            _aligned_bwd_row(y_ptr + base, dy_ptr + base, dx_ptr + base, lead, n_cols, BLOCK,
-                             VEC)
-        else:
-            _aligned_bwd_row(y_ptr + row * y_stride, dy_ptr + row * dy_stride,
-                             dx_ptr + row * dx_stride, 0, n_cols, BLOCK, 1)
+def _softmax_bwd_loop_kernel(y_ptr, dy_ptr, dx_ptr, n_cols, y_stride, dy_stride, dx_stride,
+                             BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """VEC > 1: one row stride and 16-byte aligned bases, the rows walked in aligned coordinates
+    (as the forward's online kernel)."""
+    row = tl.program_id(0).to(tl.int64)
+    if VEC > 1:
+        start = row * y_stride
+        lead = start % VEC
+        base = tl.multiple_of(start - lead, VEC)
+        _aligned_bwd_row(y_ptr + base, dy_ptr + base, dx_ptr + base, lead, n_cols, BLOCK, VEC)
+        return
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        y = tl.load(y_ptr + row * y_stride + offs, mask=mask, other=0.0,
+                    eviction_policy="evict_last")
+        dy = tl.load(dy_ptr + row * dy_stride + offs, mask=mask, other=0.0,
+                     eviction_policy="evict_last")
+        acc += y.to(tl.float32) * dy.to(tl.float32)
+    dot = tl.sum(acc, axis=0)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        mask = offs < n_cols
+        y = tl.load(y_ptr + row * y_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * dx_stride + offs, (y * (dy - dot)).to(dx_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 @triton.jit
 def _aligned_bwd_row(y_al, dy_al, dx_al, lead, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
     """dx of the row at [lead, lead + n) past the VEC-aligned y_al, dy_al, dx_al: the sum over
     whole aligned vectors (the elements around the row read and zeroed), then dx's whole vectors
-    with 16-byte accesses and its partial vectors at either end element by element. VEC 1 (lead
-    0): the plain masked tiles, the edges empty."""
+    with 16-byte accesses and its partial vectors at either end element by element."""
     cols = tl.arange(0, BLOCK)
     end, end_v, lo, hi = _row_bounds(lead, n, VEC)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -86,10 +97,9 @@ def _aligned_bwd_row(y_al, dy_al, dx_al, lead, n, BLOCK: tl.constexpr, VEC: tl.c
     for start in range(0, hi, BLOCK):
         k = start + cols
         _write_dx(y_al, dy_al, dx_al, k, (k >= lo) & (k < hi), dot)
-    if VEC > 1:
-        e = tl.arange(0, VEC)
-        _write_dx(y_al, dy_al, dx_al, e, (e >= lead) & (e < lo) & (e < end), dot)
-        _write_dx(y_al, dy_al, dx_al, hi + e, (hi + e >= lo) & (hi + e < end), dot)
+    e = tl.arange(0, VEC)
+    _write_dx(y_al, dy_al, dx_al, e, (e >= lead) & (e < lo) & (e < end), dot)
+    _write_dx(y_al, dy_al, dx_al, hi + e, (hi + e >= lo) & (hi + e < end), dot)
 
 
 @triton.jit
@@ -152,13 +162,6 @@ def own_output_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return _backward_rows(y, y.view(n_rows, n_cols), dy.view(n_rows, n_cols), n_rows, n_cols)
 
 
-def loop_programs(n_rows: int, row_bytes: int, device) -> int:
-    """Programs of the two-pass kernel's persistent grid: a whole number per SM, as many as keep
-    the rows in flight (y's and dy's) within the forward's L2 budget, at least one per SM."""
-    sms = sm_count_of(device)
-    return max(1, min(n_rows, sms * max(1, COOP_L2_BUDGET // (sms * row_bytes))))
-
-
 def _backward_rows(y, y_rows, dy_rows, n_rows, n_cols) -> torch.Tensor:
     dx = empty(y.shape, y.dtype, y.device)
     if y_rows is None:
@@ -170,11 +173,8 @@ def _backward_rows(y, y_rows, dy_rows, n_rows, n_cols) -> torch.Tensor:
         launch(_softmax_bwd_kernel, (cdiv(n_rows, p.rows),), y_rows, dy_rows, dx_rows, n_rows,
                n_cols, *strides, ROWS=p.rows, BLOCK=p.block, num_warps=p.num_warps)
     else:
-        programs = loop_programs(n_rows, n_cols * (y.element_size() + dy_rows.element_size()),
-                                 y.device)
-        launch(_softmax_bwd_loop_kernel, (programs,), y_rows, dy_rows, dx_rows, n_rows, n_cols,
-               *strides, BLOCK=p.block,
-               VEC=aligned_vector(n_cols, strides, (y_rows, dy_rows, dx_rows)),
+        launch(_softmax_bwd_loop_kernel, (n_rows,), y_rows, dy_rows, dx_rows, n_cols, *strides,
+               BLOCK=p.block, VEC=aligned_vector(n_cols, strides, (y_rows, dy_rows, dx_rows)),
                num_warps=p.num_warps)
     return dx
 

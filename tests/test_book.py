@@ -250,7 +250,15 @@ def test_model_section_reads_the_model_check(tmp_path):
                       gpu_ms=[2.0, 3.0])).to_csv(tmp_path / "model_ops.csv", index=False)
     pd.DataFrame(dict(step=[0, 1], torch_distance=[0.01, 0.02], triton_distance=[0.005, 0.04])
                  ).to_csv(tmp_path / "model_train.csv", index=False)
+    host = [("layer_norm fwd+bwd", "8x1024", {"torch_eager": 140.0, "public": 280.0,
+                                              "python_floor": 119.0}),
+            ("attention fwd+bwd", "1x2x128x64", {"torch_eager": 200.0, "public": 260.0,
+                                                 "python_floor": 110.0})]
+    pd.DataFrame([dict(op=op, shape=shape, impl=i, host_us=us) for op, shape, impls in host
+                  for i, us in impls.items()]).to_csv(tmp_path / "launch_cost.csv", index=False)
     text = model.compute([tmp_path])["say"]["section"]
+    assert "| layer_norm 8x1024 | 140 | 280 | 119 |" in text
+    assert "costs 55%–85% of eager's whole forward + backward" in text
     assert "1.50× eager's tokens/s" in text and "(1.10×)" in text
     assert "from 6.0 to 5.0 GiB" in text and "at 1 of 2 steps" in text
     assert "| eager + our ops | 150k | 1.50 |" in text and "1 of 1 checks" in text

@@ -161,7 +161,7 @@ def test_plan(device):
     assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
     # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop (float32 only).
     assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4).path == sm.ONLINE
-    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 1).path == sm.COOP
+    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 4).path == sm.COOP
     assert sm.plan(4096, 262_144, itemsize=2).path == sm.ONLINE
     assert sm.plan(4096, 262_144, path="online") == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1,
                                                             262_144)
@@ -182,6 +182,9 @@ def test_plan(device):
     assert sm.plan(4096, 50257, itemsize=2, num_warps=4)[:3] == (sm.ONLINE, 8192, 4)
     assert sm.plan(4096, 50257, itemsize=2, block=32768)[:3] == (sm.ONLINE, 32768, 16)
     assert sm.plan(4096, 50257, itemsize=4)[1] == sm.ONLINE_BLOCK  # float32 keeps its tile
+    # Wide float32 rows go coop only when they are whole 16-byte vectors.
+    assert sm.plan(4096, 100000, itemsize=4).path == sm.COOP
+    assert sm.plan(4096, 100003, itemsize=4).path == sm.ONLINE
 
 
 @pytest.mark.parametrize(
@@ -373,7 +376,10 @@ def test_backward_strided_and_empty(device):
 def test_backward_plan():
     assert smb.plan(1000) == smb.Plan(smb.ONE_TILE, 1024, 4, 16)
     assert smb.plan(smb.MAX_ONE_TILE).path == smb.ONE_TILE
-    assert smb.plan(smb.MAX_ONE_TILE + 1) == smb.Plan(smb.TWO_PASS, smb.LOOP_BLOCK, 1, 16)
+    assert smb.plan(smb.MAX_ONE_TILE + 1) == smb.Plan(smb.TWO_PASS, 16384, 1, smb.LOOP_WARPS)
+    # 16-bit rows: the largest tile that pads the row by at most LOOP_MAX_PAD.
+    assert [smb.plan(n, 2).block for n in (20000, 24000, 32768, 50257, 100003)] == [
+        4096, 8192, 16384, 8192, 16384]
 
 
 @pytest.mark.parametrize("impl", BWD_IMPLS, ids=["fused", "unfused"])
@@ -414,19 +420,21 @@ def test_own_output_backward_checks_what_it_cannot_assume(device):
 @pytest.mark.parametrize("n", [1, 7, 37, 64])
 def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
     """The online forward and the looping backward walk rows in 16-byte aligned coordinates
-    (VEC > 1) where the rows are not whole vectors: nine rows of an odd width start at every
-    offset within a vector, rows shorter than a vector included. Where a base is not aligned or
-    the row strides differ they take the plain tiles (VEC 1). Outputs start as NaN, so an
+    (VEC > 1) where 16-bit rows are not whole vectors: nine rows of an odd width start at every
+    offset within a vector, rows shorter than a vector included. Where a base is not aligned, the
+    row strides differ or the rows are float32 they take the plain tiles (VEC 1). Outputs start as NaN, so an
     element left unwritten (or a neighbour's written) fails."""
     nan_like = lambda t: torch.full_like(t, float("nan"))  # noqa: E731
     monkeypatch.setattr(sm, "empty_like", nan_like)
     monkeypatch.setattr(smb, "empty", lambda shape, dtype, device: torch.full(
         shape, float("nan"), dtype=dtype, device=device))
-    monkeypatch.setattr(smb, "plan", lambda n_cols: smb.Plan(smb.TWO_PASS, 16, 1, 4))
-    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    monkeypatch.setattr(smb, "plan", lambda n_cols, itemsize=4: smb.Plan(smb.TWO_PASS, 16, 1, 4))
+    size = torch.tensor([], dtype=dtype).element_size()
+    vec = 16 // size
     flat = rand((9 * n + 1,), dtype, device)
     aligned, shifted = flat[:-1].view(9, n), flat[1:].view(9, n)  # base 16-byte aligned / not
-    assert sm.aligned_vector(n, (n, n), (aligned, aligned)) == (1 if n % vec == 0 else vec)
+    assert sm.aligned_vector(n, (n, n), (aligned, aligned)) == (
+        vec if size == 2 and n % vec else 1)
     assert sm.aligned_vector(n, (n, n), (shifted, aligned)) == 1
     assert sm.aligned_vector(n, (n + 8, n), (aligned, aligned)) == 1
     for x in (aligned, shifted):

@@ -78,6 +78,20 @@ def gpu_us(fn) -> float | None:
     return None if ms is None else ms * 1e3
 
 
+class _Nothing(torch.autograd.Function):
+    """The floor of any op whose backward runs Python: an autograd.Function that launches no
+    kernel (its outputs and gradients are empty tensors of the right shapes)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        ctx.save_for_backward(*inputs)
+        return torch.empty_like(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+
 def cases(dev):
     """(op, shape label, {impl: fn}) at tiny sizes, fp16."""
     h = torch.float16
@@ -117,23 +131,27 @@ def cases(dev):
         torch_eager=fwd_bwd(eager_lnf, ln_leaves, dy),
         torch_compile=fwd_bwd(comp(eager_lnf), ln_leaves, dy),
         triton_fused=fwd_bwd(ln.triton_fused, ln_leaves, dy),
-        public=fwd_bwd(kernels.layer_norm, ln_leaves, dy))
+        public=fwd_bwd(kernels.layer_norm, ln_leaves, dy),
+        python_floor=fwd_bwd(_Nothing.apply, ln_leaves, dy))
     sm_leaves = (s.clone().requires_grad_(),)
     yield "softmax fwd+bwd", "8x1024", dict(
         torch_eager=fwd_bwd(lambda a: torch.softmax(a, -1), sm_leaves, dy),
-        public=fwd_bwd(kernels.softmax, sm_leaves, dy))
+        public=fwd_bwd(kernels.softmax, sm_leaves, dy),
+        python_floor=fwd_bwd(_Nothing.apply, sm_leaves, dy))
     qkv_leaves = tuple(r(1, 2, 128, 64).requires_grad_() for _ in range(3))
     do = r(1, 2, 128, 64)
     yield "attention fwd+bwd", "1x2x128x64 causal", dict(
         torch_eager=fwd_bwd(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True),
                             qkv_leaves, do),
-        public=fwd_bwd(lambda *a: kernels.attention(*a, causal=True), qkv_leaves, do))
+        public=fwd_bwd(lambda *a: kernels.attention(*a, causal=True), qkv_leaves, do),
+        python_floor=fwd_bwd(_Nothing.apply, qkv_leaves, do))
     la_leaves = tuple(r(*shape).requires_grad_() for shape in ((64, 64), (64, 64), (64,)))
     dl = r(64, 64)
     yield "linear_act fwd+bwd", "64x64x64 gelu_tanh", dict(
         torch_eager=fwd_bwd(lambda x_, w_, b_: F.gelu(torch.addmm(b_, x_, w_), approximate="tanh"),
                             la_leaves, dl),
-        public=fwd_bwd(lambda *a: kernels.linear_act(*a, "gelu_tanh"), la_leaves, dl))
+        public=fwd_bwd(lambda *a: kernels.linear_act(*a, "gelu_tanh"), la_leaves, dl),
+        python_floor=fwd_bwd(_Nothing.apply, la_leaves, dl))
     xs, vs = r(1, 64, 64), r(1, 64, 64)
     ref_sv = lambda: torch.softmax(xs, -1) @ vs  # noqa: E731
     yield "softmax_matmul", "1x64x64x64", dict(

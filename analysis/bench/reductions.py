@@ -174,7 +174,7 @@ def softmax_backward_problems(grid: str = "full") -> list[Problem]:
     for dtype, shapes in GRIDS[grid]["softmax"].items():
         s = _itemsize(dtype)
         for rows, width in shapes:
-            p = smb.plan(width)
+            p = smb.plan(width, s)
 
             def impl_bytes(impl, rows=rows, width=width, s=s, p=p):
                 return traffic.total(traffic.softmax_backward_kernels(

@@ -52,7 +52,8 @@ def _split(folder, t: pd.DataFrame) -> pd.DataFrame:
 
 
 HOST_IMPLS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
-              "public": "ours (kernels.*)"}
+              "public": "ours (kernels.*)",
+              "python_floor": "an autograd.Function doing nothing"}
 
 
 def _host(folder) -> pd.DataFrame:
@@ -69,6 +70,23 @@ def _host(folder) -> pd.DataFrame:
                                                     in t.index],
                          **{HOST_IMPLS[i]: [f"{v:.0f}" if v == v else "" for v in t[i]]
                             for i in t}})
+
+
+def _floor_sentence(folder) -> str:
+    """What the empty autograd.Function's row says: the host cost no op with a Python backward
+    can go below, against eager's whole op."""
+    lc = D.load_csv(folder, "launch_cost")
+    rows = lc[lc["op"].astype(str).str.endswith("fwd+bwd") & lc["host_us"].notna()]
+    t = rows.pivot_table(index="op", columns="impl", values="host_us", sort=False)
+    if not {"python_floor", "torch_eager"} <= set(t):
+        return ""
+    share = (t["python_floor"] / t["torch_eager"]).dropna()
+    return (f"An autograd.Function that launches nothing, called as our ops are, costs "
+            f"{share.min():.0%}–{share.max():.0%} of eager's whole forward + backward (a Python forward, and a "
+            "Python backward that the autograd engine calls from its device thread under the "
+            "GIL, against eager's C++). Below eager at these sizes is out of reach for "
+            "any op whose backward is Python; a model hides the host's time behind the GPU's "
+            "where its kernels are large enough (GPT-2 above).\n\n")
 
 
 def _checks(folder) -> str:
@@ -190,6 +208,6 @@ def compute(folders: list) -> dict:
            "by kernel name):\n\n" + D.md_table(split) + "\n\n" if len(split) else "")
         + ("Where the host's time goes: µs of host time per forward + backward call at tiny "
            "sizes (back-to-back calls; launch_cost.csv):\n\n" + D.md_table(host) + "\n\n"
-           if len(host) else "")
+           + _floor_sentence(folder) if len(host) else "")
         + _training_text(folder))
     return {"say": {"section": section}, "table": _table(t), "split": split}

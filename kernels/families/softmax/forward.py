@@ -14,9 +14,11 @@ moves). Fused, `plan` picks one of four paths:
 - "online": one program per row loops over tiles keeping a running max m and sum s (rescaling s
   when m grows), then a second loop writes exp(x - m) / s: x read twice (3N). The second loop walks
   the tiles backwards, so the tiles read last, the likeliest still in L2, are read again first.
-  The default for rows of up to ONLINE_MAX_ROW_BYTES (and for wide 16-bit rows): with one row
-  per SM in flight, most of the second read comes from L2.
-- "coop": longer float32 rows. A persistent grid of one program per SM; each row is shared by a group of
+  The default for rows of up to ONLINE_MAX_ROW_BYTES (and for wide 16-bit rows, and float32 rows
+  that are not whole 16-byte vectors): with one row per SM in flight, most of the second read
+  comes from L2. 16-bit rows that are not whole vectors are walked in 16-byte aligned coordinates
+  (`aligned_vector`), so that their loads and stores stay vectorised.
+- "coop": longer float32 rows (a multiple of 4 wide). A persistent grid of one program per SM; each row is shared by a group of
   programs that each hold a chunk in registers, exchange their partial (max, sum) through memory,
   wait for each other at a per-row counter and write their chunk from registers: 2N, like
   one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK elements.
@@ -48,11 +50,11 @@ MAX_ONE_PASS = 32768
 # more bytes in flight per SM, and a row of two tiles is re-read from L2.
 ONLINE_BLOCK = 32768
 # Rows up to this many bytes take the online kernel by default; longer float32 rows the coop path.
-# Measured on the H100, 4096 rows (docs/softmax.md): fp32 online 2.81 / 2.31 / 2.12 TB/s at
-# 65536 / 131072 / 262144 wide, coop 2.60 / 2.62 / 2.57. 16-bit rows stay online: a 32768-element
-# chunk is only 64 KiB there, too few bytes in flight for one program per SM (fp16 262144:
-# online 2.18, coop 2.06).
-ONLINE_MAX_ROW_BYTES = 256 * 1024
+# Measured on the H100, 4096 rows fp32 (ms, online / coop): 65536 wide 0.77 / 0.94, 70000 0.89 /
+# 1.23, 100000 1.37 / 1.37, 131072 1.86 / 1.64, 262144 4.06 / 3.37. 16-bit rows stay online: a
+# 32768-element chunk is only 64 KiB there, too few bytes in flight for one program per SM (fp16
+# 262144: online 2.18, coop 2.06 TB/s).
+ONLINE_MAX_ROW_BYTES = 384 * 1024
 # 16-bit rows longer than the smallest of these tiles, on the online path: the largest tile that
 # leaves at most this share of the padded row masked. Measured on the H100 (4096 rows fp16, us):
 # 50257 wide 454 with 8192 (8 warps) against 558 with 32768 (two tiles, the second 53% masked;
@@ -402,7 +404,11 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
             path = ONE_PASS
         elif n_rows < sm_count_of(device):
             path = SPLIT
-        elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4:
+        elif (n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4
+              or n_cols * itemsize % 16):
+            # Rows that are not whole 16-byte vectors stay online: the coop kernel's register
+            # tile, loaded element by element, ran 10x slower (H100, 4096 x 100003 fp32: 15.0 ms
+            # against online's 1.83 and eager's 2.22).
             path = ONLINE
         else:
             path = COOP
@@ -450,12 +456,14 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
 
 
 def aligned_vector(n_cols: int, strides: tuple, tensors: tuple) -> int:
-    """The kernels' VEC, elements in 16 bytes, where rows of n_cols elements are better walked in
-    aligned coordinates: one row stride in all `tensors`, every base 16-byte aligned, and the
-    rows not already whole vectors. Else 1 (the plain masked tiles)."""
-    vec = 16 // tensors[0].element_size()
+    """The kernels' VEC, elements in 16 bytes, where rows of n_cols 16-bit elements are better
+    walked in aligned coordinates: one row stride in all `tensors`, every base 16-byte aligned,
+    and the rows not already whole vectors. Else 1 (the plain masked tiles). float32 rows keep
+    the plain tiles: on an H100 the aligned walk took 872 us against 729 at 4096 x 50257."""
+    size = tensors[0].element_size()
+    vec = 16 // size
     stride = strides[0]
-    if vec == 1 or not (n_cols % vec or stride % vec) or any(s != stride for s in strides):
+    if size != 2 or not (n_cols % vec or stride % vec) or any(s != stride for s in strides):
         return 1
     return 1 if any(t.data_ptr() & 15 for t in tensors) else vec
 

@@ -258,7 +258,9 @@ def test_model_section_reads_the_model_check(tmp_path):
                   for i, us in impls.items()]).to_csv(tmp_path / "launch_cost.csv", index=False)
     text = model.compute([tmp_path])["say"]["section"]
     assert "| layer_norm 8x1024 | 140 | 280 | 119 |" in text
-    assert "costs 55%–85% of eager's whole forward + backward" in text
+    assert "costs layer_norm 85%, attention 55% of eager's whole forward + backward" in text
+    assert "fit in the 21 to 90 µs that eager's op costs above that floor; ours take 150 to 161" \
+        in text
     assert "1.50× eager's tokens/s" in text and "(1.10×)" in text
     assert "from 6.0 to 5.0 GiB" in text and "at 1 of 2 steps" in text
     assert "| eager + our ops | 150k | 1.50 |" in text and "1 of 1 checks" in text

@@ -53,7 +53,7 @@ def _split(folder, t: pd.DataFrame) -> pd.DataFrame:
 
 HOST_IMPLS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
               "public": "ours (kernels.*)",
-              "python_floor": "an autograd.Function doing nothing"}
+              "python_floor": "empty autograd.Function"}
 
 
 def _host(folder) -> pd.DataFrame:
@@ -74,19 +74,24 @@ def _host(folder) -> pd.DataFrame:
 
 def _floor_sentence(folder) -> str:
     """What the empty autograd.Function's row says: the host cost no op with a Python backward
-    can go below, against eager's whole op."""
+    can go below, against eager's whole op and ours."""
     lc = D.load_csv(folder, "launch_cost")
     rows = lc[lc["op"].astype(str).str.endswith("fwd+bwd") & lc["host_us"].notna()]
     t = rows.pivot_table(index="op", columns="impl", values="host_us", sort=False)
-    if not {"python_floor", "torch_eager"} <= set(t):
+    if not {"python_floor", "torch_eager", "public"} <= set(t):
         return ""
-    share = (t["python_floor"] / t["torch_eager"]).dropna()
-    return (f"An autograd.Function that launches nothing, called as our ops are, costs "
-            f"{share.min():.0%}–{share.max():.0%} of eager's whole forward + backward (a Python forward, and a "
-            "Python backward that the autograd engine calls from its device thread under the "
-            "GIL, against eager's C++). Below eager at these sizes is out of reach for "
-            "any op whose backward is Python; a model hides the host's time behind the GPU's "
-            "where its kernels are large enough (GPT-2 above).\n\n")
+    t = t.dropna(subset=["python_floor", "torch_eager", "public"])
+    share = t["python_floor"] / t["torch_eager"]
+    shares = ", ".join(f"{op.split()[0]} {v:.0%}" for op, v in share.items())
+    return (f"An autograd.Function that launches nothing, called as our ops are, costs {shares} "
+            "of eager's whole forward + backward: a Python forward, and a Python backward that "
+            "the autograd engine calls from its device thread under the GIL, against eager's C++. "
+            "To match eager, an op's launches and Python must fit in the "
+            f"{D.range_text((t['torch_eager'] - t['python_floor']).min(), (t['torch_eager'] - t['python_floor']).max(), '.0f')}"
+            " µs that eager's op costs above that floor; ours take "
+            f"{D.range_text((t['public'] - t['python_floor']).min(), (t['public'] - t['python_floor']).max(), '.0f')}"
+            " µs. A model hides the host's time behind the GPU's where its kernels are large "
+            "enough (GPT-2 above).\n\n")
 
 
 def _checks(folder) -> str:

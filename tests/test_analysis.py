@@ -568,6 +568,28 @@ def test_profile_cases_exist_in_the_grids():
         assert {"triton_fused", "torch_eager"} <= {v.impl for v in P.profiled_variants(problem)}
 
 
+def test_profile_case_past_its_time_is_killed_with_its_children(tmp_path, monkeypatch):
+    """A case that hangs under ncu (its worker stuck) is killed, process group and all, and
+    returns why, so that the next case runs; a failing ncu returns its output."""
+    import time
+
+    from triton_fusion_report.analysis.bench import profile as P
+
+    hung = tmp_path / "ncu_hangs"
+    hung.write_text("#!/bin/sh\necho 'profile worker: warming liger' >&2\nsleep 60 &\nsleep 60\n")
+    failing = tmp_path / "ncu_fails"
+    failing.write_text("#!/bin/sh\necho 'ncu: no such device' >&2\nexit 3\n")
+    for f in (hung, failing):
+        f.chmod(0o755)
+    monkeypatch.setattr(P, "CASE_TIMEOUT_S", 1)
+    t0 = time.perf_counter()
+    info, why = P._ncu_run(0, str(hung), tmp_path, [], "")
+    assert info is None and time.perf_counter() - t0 < 10
+    assert "ran past 1 s" in why and "warming liger" in why
+    info, why = P._ncu_run(0, str(failing), tmp_path, [], "")
+    assert info is None and "no such device" in why
+
+
 def test_profile_parses_a_recorded_ncu_run():
     """ncu 2025 on the H100 (make profile, add-mul at 2^26 float32, five implementations): the
     fused kernel reads x, y and z once (the model's 805 MB) and the unfused pair 1074 MB."""

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,8 @@ from pathlib import Path
 import pandas as pd
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+# One case under ncu, warm-up included, at most this long (the others took 30-90 s on an H100).
+CASE_TIMEOUT_S = 240
 MARKER = "profile_marker"
 # (family, op, dtype, shape columns): the configuration profiled per family, large enough that
 # every kernel's traffic dwarfs what the caches and the launch add.
@@ -290,6 +293,7 @@ def worker(case_index: int, order_file: Path) -> None:
     # round catches anything that a first call left to the next one).
     for _ in range(2):
         for v in list(ready):
+            print(f"profile worker: warming {v.impl}", file=sys.stderr, flush=True)
             try:
                 v.fn(*inputs)
                 torch.cuda.synchronize()
@@ -299,6 +303,7 @@ def worker(case_index: int, order_file: Path) -> None:
                 torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for v in ready:
+        print(f"profile worker: profiling {v.impl}", file=sys.stderr, flush=True)
         marker[(1,)](flag)
         v.fn(*inputs)
         torch.cuda.synchronize()
@@ -319,9 +324,21 @@ def _ncu_run(case_index: int, ncu: str, raw: Path, ncu_args: list, tag: str):
     cmd = [ncu, "--csv", "--profile-from-start", "off", *ncu_args, "--log-file", str(log),
            sys.executable, "-m", "triton_fusion_report.analysis.bench.profile", "--worker",
            str(case_index), "--order", str(order_file)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0 or not order_file.exists() or not log.exists():
-        return None, (done.stderr or done.stdout)[-1500:]
+    # A session of its own, so that a case past CASE_TIMEOUT_S is killed with its worker and the
+    # next case still runs (its row then says what the worker was doing).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=CASE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+        out, err = proc.communicate()
+        return None, f"ncu ran past {CASE_TIMEOUT_S} s, killed; " + (err or out)[-1400:]
+    if proc.returncode != 0 or not order_file.exists() or not log.exists():
+        return None, (err or out)[-1500:]
     return json.loads(order_file.read_text()), log.read_text()
 
 

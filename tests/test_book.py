@@ -261,6 +261,11 @@ def test_model_section_reads_the_model_check(tmp_path):
     assert "costs layer_norm 85%, attention 55% of eager's whole forward + backward" in text
     assert "fit in the 21 to 90 µs that eager's op costs above that floor; ours take 150 to 161" \
         in text
+    lc = pd.read_csv(tmp_path / "launch_cost.csv")
+    lc[~((lc["impl"] == "public") & lc["op"].str.startswith("layer_norm"))
+       & ~((lc["impl"] == "python_floor") & lc["op"].str.startswith("attention"))
+       ].to_csv(tmp_path / "launch_cost.csv", index=False)
+    assert model._floor_sentence(tmp_path) == ""  # no op has all three: no sentence
     assert "1.50× eager's tokens/s" in text and "(1.10×)" in text
     assert "from 6.0 to 5.0 GiB" in text and "at 1 of 2 steps" in text
     assert "| eager + our ops | 150k | 1.50 |" in text and "1 of 1 checks" in text

@@ -1,4 +1,6 @@
 
+import math
+
 import pytest
 import torch
 
@@ -161,7 +163,7 @@ def test_plan(device):
     assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
     # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop (float32 only).
     assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4).path == sm.ONLINE
-    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 4).path == sm.COOP
+    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 16).path == sm.COOP
     assert sm.plan(4096, 262_144, itemsize=2).path == sm.ONLINE
     assert sm.plan(4096, 262_144, path="online") == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1,
                                                             262_144)
@@ -182,9 +184,10 @@ def test_plan(device):
     assert sm.plan(4096, 50257, itemsize=2, num_warps=4)[:3] == (sm.ONLINE, 8192, 4)
     assert sm.plan(4096, 50257, itemsize=2, block=32768)[:3] == (sm.ONLINE, 32768, 16)
     assert sm.plan(4096, 50257, itemsize=4)[1] == sm.ONLINE_BLOCK  # float32 keeps its tile
-    # Wide float32 rows go coop only when they are whole 16-byte vectors.
+    # Wide float32 rows go coop only where Triton can load them in vectors (COOP_ALIGN).
     assert sm.plan(4096, 100000, itemsize=4).path == sm.COOP
     assert sm.plan(4096, 100003, itemsize=4).path == sm.ONLINE
+    assert sm.plan(4096, 100004, itemsize=4).path == sm.ONLINE
 
 
 @pytest.mark.parametrize(
@@ -270,6 +273,27 @@ def test_coop_splits():
     assert sm.coop_splits(262_144, 4) == 8
     assert sm.coop_splits(70_000, 4) == 4
     assert sm.coop_splits(1 << 24, 4) == sm.MAX_COOP_SPLITS
+
+
+def test_coop_only_for_rows_loaded_in_vectors(monkeypatch):
+    """The default sends wide float32 rows to the coop kernel only where Triton loads them in
+    vectors: width and row stride multiples of COOP_ALIGN, base 16-byte aligned; else online."""
+    from triton_fusion_report.kernels import _checks
+
+    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 4)
+    launched = []
+    monkeypatch.setattr(sm, "launch", lambda kernel, grid, *a, **k: launched.append(kernel))
+    n = sm.ONLINE_MAX_ROW_BYTES // 4 + sm.COOP_ALIGN
+    wide = torch.randn(8, n + sm.COOP_ALIGN)
+    flat = torch.randn(8 * n + 1)
+    coop, online = sm._softmax_coop_kernel, sm._softmax_online_kernel
+    for x, kernel in ((wide[:, :n], coop), (wide[:, :n].contiguous(), coop),
+                      (torch.randn(8, n + 3)[:, :n], online),  # row stride off 16
+                      (torch.randn(8, n + 4), online),  # width off 16
+                      (flat[1:].view(8, n), online)):  # base off 16 bytes
+        launched.clear()
+        sm.triton_fused(x)
+        assert launched == [kernel]
 
 
 @pytest.mark.skipif(not interpreting(), reason="the interpreter runs one program at a time")
@@ -424,17 +448,24 @@ def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
     offset within a vector, rows shorter than a vector included. Where a base is not aligned, the
     row strides differ or the rows are float32 they take the plain tiles (VEC 1). Outputs start as NaN, so an
     element left unwritten (or a neighbour's written) fails."""
-    nan_like = lambda t: torch.full_like(t, float("nan"))  # noqa: E731
-    monkeypatch.setattr(sm, "empty_like", nan_like)
-    monkeypatch.setattr(smb, "empty", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    guarded = []  # outputs inside NaN buffers: a write past either end of one fails
+
+    def nan_output(shape, dtype, device, pad=16):
+        n = math.prod(shape)
+        buf = torch.full((n + 2 * pad,), float("nan"), dtype=dtype, device=device)
+        guarded.append((buf, pad, n))
+        return buf[pad:pad + n].view(shape)
+    monkeypatch.setattr(sm, "empty_like", lambda t: nan_output(t.shape, t.dtype, t.device))
+    monkeypatch.setattr(smb, "empty", nan_output)
     monkeypatch.setattr(smb, "plan", lambda n_cols, itemsize=4: smb.Plan(smb.TWO_PASS, 16, 1, 4))
     size = torch.tensor([], dtype=dtype).element_size()
     vec = 16 // size
     flat = rand((9 * n + 1,), dtype, device)
     aligned, shifted = flat[:-1].view(9, n), flat[1:].view(9, n)  # base 16-byte aligned / not
     assert sm.aligned_vector(n, (n, n), (aligned, aligned)) == (
-        vec if size == 2 and n % vec else 1)
+        vec if size == 2 and n % 16 else 1)
+    # A multiple of 8 but not of 16 elements: Triton would not load it in vectors.
+    assert sm.aligned_vector(24, (24, 24), (flat, flat)) == (vec if size == 2 else 1)
     assert sm.aligned_vector(n, (n, n), (shifted, aligned)) == 1
     assert sm.aligned_vector(n, (n + 8, n), (aligned, aligned)) == 1
     for x in (aligned, shifted):
@@ -443,3 +474,6 @@ def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
     wide_dy = bwd_inputs((9, n + 3), dtype, device)[1]
     for dy_ in (dy, wide_dy[:, :n]):  # one row stride, or dy's rows n + 3 apart
         assert rel_err(smb.triton_fused(y, dy_), bwd_ref64(y, dy_)) <= 4 * TOL[dtype]
+    assert len(guarded) == 4
+    for buf, pad, n_out in guarded:
+        assert buf[:pad].isnan().all() and buf[pad + n_out:].isnan().all()

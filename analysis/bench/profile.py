@@ -331,15 +331,23 @@ def _ncu_run(case_index: int, ncu: str, raw: Path, ncu_args: list, tag: str):
     try:
         out, err = proc.communicate(timeout=CASE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # ended meanwhile
-            pass
+        _kill_group(proc)
         out, err = proc.communicate()
         return None, f"ncu ran past {CASE_TIMEOUT_S} s, killed; " + (err or out)[-1400:]
+    except BaseException:  # Ctrl-C included: its own session does not get the terminal's
+        _kill_group(proc)
+        proc.wait()
+        raise
     if proc.returncode != 0 or not order_file.exists() or not log.exists():
         return None, (err or out)[-1500:]
     return json.loads(order_file.read_text()), log.read_text()
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # ended meanwhile
+        pass
 
 
 def _case_base(case_index: int, meta: dict) -> dict:

@@ -81,12 +81,14 @@ def _floor_sentence(folder) -> str:
     if not {"python_floor", "torch_eager", "public"} <= set(t):
         return ""
     t = t.dropna(subset=["python_floor", "torch_eager", "public"])
+    if not len(t):
+        return ""
     share = t["python_floor"] / t["torch_eager"]
     shares = ", ".join(f"{op.split()[0]} {v:.0%}" for op, v in share.items())
     return (f"An autograd.Function that launches nothing, called as our ops are, costs {shares} "
-            "of eager's whole forward + backward: a Python forward, and a Python backward that "
-            "the autograd engine calls from its device thread under the GIL, against eager's C++. "
-            "To match eager, an op's launches and Python must fit in the "
+            "of eager's whole forward + backward: what eager pays too (torch.autograd.grad's own "
+            "work, the engine's hand-off to its device thread), and a Python forward and backward "
+            "where eager's are C++. To match eager, an op's launches and Python must fit in the "
             f"{D.range_text((t['torch_eager'] - t['python_floor']).min(), (t['torch_eager'] - t['python_floor']).max(), '.0f')}"
             " µs that eager's op costs above that floor; ours take "
             f"{D.range_text((t['public'] - t['python_floor']).min(), (t['public'] - t['python_floor']).max(), '.0f')}"

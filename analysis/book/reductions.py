@@ -288,9 +288,9 @@ def _paths_sentence(paths: pd.DataFrame, sm: pd.DataFrame) -> str:
     if len(low):
         text += (f" At {_widths(low.index, both.index)} the co-operative path drops to "
                  f"{D.range_text(low['coop'].min(), low['coop'].max(), '.2f')} TB/s")
-        text += (": rows that are not whole 16-byte vectors are loaded into its register tile "
-                 "element by element, and the plan keeps such rows online." if all(
-                     int(w) % 4 for w in low.index) else ".")
+        text += (": Triton loads rows whose width is not a multiple of 16 into its register "
+                 "tile element by element, and the plan keeps such rows online." if all(
+                     int(w) % 16 for w in low.index) else ".")
     return text
 
 

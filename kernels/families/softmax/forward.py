@@ -15,10 +15,10 @@ moves). Fused, `plan` picks one of four paths:
   when m grows), then a second loop writes exp(x - m) / s: x read twice (3N). The second loop walks
   the tiles backwards, so the tiles read last, the likeliest still in L2, are read again first.
   The default for rows of up to ONLINE_MAX_ROW_BYTES (and for wide 16-bit rows, and float32 rows
-  that are not whole 16-byte vectors): with one row per SM in flight, most of the second read
+  the coop kernel could not load in vectors): with one row per SM in flight, most of the second read
   comes from L2. 16-bit rows that are not whole vectors are walked in 16-byte aligned coordinates
   (`aligned_vector`), so that their loads and stores stay vectorised.
-- "coop": longer float32 rows (a multiple of 4 wide). A persistent grid of one program per SM; each row is shared by a group of
+- "coop": longer float32 rows (a multiple of 16 wide, aligned: COOP_ALIGN). A persistent grid of one program per SM; each row is shared by a group of
   programs that each hold a chunk in registers, exchange their partial (max, sum) through memory,
   wait for each other at a per-row counter and write their chunk from registers: 2N, like
   one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK elements.
@@ -72,6 +72,13 @@ def half_online_tile(n_cols: int) -> tuple[int, int]:
             return block, warps
     return HALF_ONLINE_TILES[-1]
 
+
+# The coop kernel's register tile is loaded in 16-byte vectors only where Triton can prove the
+# rows aligned: a width and row stride that are multiples of 16 elements (what it hints an int
+# argument by) and an aligned base. Otherwise every load is one element and the tile took 10x the
+# time (H100, 4096 x 100003 fp32: 15.0 ms, 100004: 14.9, against online's 1.83 / 1.70 and
+# eager's 2.22): such rows take the online path.
+COOP_ALIGN = 16
 
 # Tile of the split path: smaller, so that a few long rows still make enough programs.
 SPLIT_BLOCK = 8192
@@ -404,11 +411,7 @@ def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None
             path = ONE_PASS
         elif n_rows < sm_count_of(device):
             path = SPLIT
-        elif (n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4
-              or n_cols * itemsize % 16):
-            # Rows that are not whole 16-byte vectors stay online: the coop kernel's register
-            # tile, loaded element by element, ran 10x slower (H100, 4096 x 100003 fp32: 15.0 ms
-            # against online's 1.83 and eager's 2.22).
+        elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4 or n_cols % COOP_ALIGN:
             path = ONLINE
         else:
             path = COOP
@@ -463,7 +466,9 @@ def aligned_vector(n_cols: int, strides: tuple, tensors: tuple) -> int:
     size = tensors[0].element_size()
     vec = 16 // size
     stride = strides[0]
-    if size != 2 or not (n_cols % vec or stride % vec) or any(s != stride for s in strides):
+    # Rows Triton already loads in vectors: a width and row stride of 16-element multiples (what
+    # it hints an int argument by; a multiple of 8 alone gets 2-byte accesses).
+    if size != 2 or not (n_cols % 16 or stride % 16) or any(s != stride for s in strides):
         return 1
     return 1 if any(t.data_ptr() & 15 for t in tensors) else vec
 
@@ -482,7 +487,16 @@ def _rows_plan(x, block, num_warps, path, splits):
     if rows is None:
         return n_rows, n_cols, None, p
     # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims).
-    return n_rows, n_cols, n_cols if x.is_contiguous() else rows.stride(0), p
+    x_row_stride = n_cols if x.is_contiguous() else rows.stride(0)
+    if p.path == COOP and path is None and splits is None and x_row_stride % COOP_ALIGN:
+        p = _online_plan(x, n_rows, n_cols, block, num_warps)
+    return n_rows, n_cols, x_row_stride, p
+
+
+def _online_plan(x, n_rows, n_cols, block, num_warps):
+    """The online path's plan, for rows the default would give the coop kernel unaligned."""
+    return plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
+                num_warps=num_warps, path=ONLINE)
 
 
 _PLANS = plan_cache()
@@ -503,6 +517,8 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     out = empty_like(x)
     if x_row_stride is None:
         return out
+    if p.path == COOP and path is None and splits is None and x.data_ptr() % 16:
+        p = _online_plan(x, n_rows, n_cols, block, num_warps)  # see COOP_ALIGN
     # x and out are passed as they are: the kernels see their (rows, n_cols) layout through the
     # row strides (out is contiguous).
     args = (n_cols, x_row_stride, n_cols)

@@ -38,7 +38,7 @@ import triton.language as tl
 from .._autograd import NS, _direct
 from .._checks import check_pow2, check_same, check_tensor, empty, next_pow2
 from .._launch import launch
-from .softmax.forward import ONLINE_BLOCK, half_online_tile
+from .softmax.forward import ONLINE_BLOCK, _online_step, half_online_tile
 
 REDUCTIONS = ("mean", "sum")
 CHUNK_BYTES = 256 * 2**20  # one chunk of logits (and their gradient, in place): at most this
@@ -93,10 +93,7 @@ def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P,
         c = start + cols
         # evict_last: the gradient loop reads the row again.
         z = _logits_tile(base, bias_ptr, c, V, P, HAS_BIAS, "evict_last")
-        m_new = tl.maximum(m, tl.max(z, 0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(z - shift), 0)
-        m = m_new
+        m, s = _online_step(m, s, z)
         if SMOOTH:  # only then: a -inf logit (a masked class) would make 0 * -inf below
             total += tl.sum(tl.where(c < V, z, 0.0), 0)
     lse = m + tl.log(s)

@@ -121,6 +121,16 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _online_step(m, s, x):
+    """The running (max, sum of exp(x - max)) after one more tile x."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    # Until a finite value is seen m_new is -inf and x - m_new would be NaN; shifting by 0
+    # instead keeps s at exactly 0 (exp(-inf) = 0) and the rescale factor finite.
+    shift = tl.where(m_new == NEG_INF, 0.0, m_new)
+    return m_new, s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+
+
+@triton.jit
 def _online_max_sum(x_row, start, end, BLOCK: tl.constexpr):
     """Running (max, sum of exp(x - max)) over x_row[start:end], tile by tile."""
     cols = tl.arange(0, BLOCK)
@@ -131,12 +141,7 @@ def _online_max_sum(x_row, start, end, BLOCK: tl.constexpr):
         # evict_last: the row is read again by the write loop; ask L2 to keep it.
         x = tl.load(x_row + offs, mask=offs < end, other=NEG_INF,
                     eviction_policy="evict_last").to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # Until a finite value is seen m_new is -inf and x - m_new would be NaN; shifting by 0
-        # instead keeps s at exactly 0 (exp(-inf) = 0) and the rescale factor finite.
-        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        m = m_new
+        m, s = _online_step(m, s, x)
     return m, s
 
 
@@ -180,11 +185,7 @@ def _aligned_max_sum(x_al, lead, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
         k = tile_start + cols
         x = tl.load(x_al + k, mask=k < end_v, other=NEG_INF,
                     eviction_policy="evict_last").to(tl.float32)
-        x = tl.where((k >= lead) & (k < end), x, NEG_INF)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        shift = tl.where(m_new == NEG_INF, 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        m = m_new
+        m, s = _online_step(m, s, tl.where((k >= lead) & (k < end), x, NEG_INF))
     return m, s
 
 

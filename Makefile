@@ -41,7 +41,7 @@ BOOK_PDF := kernel-fusion-in-triton.pdf
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test test-all test-report bench profile seed002 render report smoke-data clean
+.PHONY: help setup test test-all test-report bench profile seed002 render report gate smoke-data clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
@@ -132,6 +132,9 @@ report: setup ## GPU: test, bench, render the fresh run. No GPU: render the comm
 	  $(MAKE) --no-print-directory render RESULTS="$(REFERENCES)" && \
 	  echo "report: render $$(( $$(date +%s) - t0 )) s"; \
 	fi
+
+gate: setup ## GPU: what a change to kernels/ or tests/ passes before it is done: make test natively, then a smoke make report (tools/gate.sh)
+	PYTHON=$(RUN_PY) bash tools/gate.sh $(if $(filter command line,$(origin BENCH_OUT)),$(BENCH_OUT))
 
 smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (interpreter), for the report tests
 	rm -rf tests/data/smoke

@@ -93,6 +93,13 @@ def interpreting() -> bool:
     return bool(knobs.runtime.interpret)
 
 
+def cpu_tensors_run() -> bool:
+    """Whether a kernel may take a CPU tensor: under the interpreter only. (The test suite makes it
+    False in tests that do not take its `device` fixture, so that CPU tensors they build fail on
+    the CPU as they would on a GPU.)"""
+    return interpreting()
+
+
 def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, ndim=None, min_ndim=None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -103,7 +110,7 @@ def check_tensor(name: str, t, *, dtypes=FLOAT_DTYPES, ndim=None, min_ndim=None)
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
-    if t.device.type == "cpu" and not interpreting():
+    if t.device.type == "cpu" and not cpu_tensors_run():
         raise ValueError(
             f"{name} is on the CPU: Triton kernels need a CUDA tensor, or TRITON_INTERPRET=1 set "
             "before triton is imported to run them through the interpreter"

@@ -152,3 +152,16 @@ def reference_before_softmax_backward(dst):
     df = df[df["op"] == "softmax"].drop(columns=["direction"], errors="ignore")
     df.to_parquet(dst / "softmax.parquet", index=False)
     return dst
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tensors_only_through_device(request, monkeypatch):
+    """A test that hands a kernel tensors it did not build on the `device` fixture fails here as it
+    would on a GPU (a CPU tensor refused), instead of passing only under the interpreter. A test
+    whose CPU tensors are meant (a check that reads shapes, not data) says why with
+    @pytest.mark.cpu_tensors("reason")."""
+    if DEVICE.type == "cpu" and "device" not in request.fixturenames \
+            and request.node.get_closest_marker("cpu_tensors") is None:
+        from triton_fusion_report.kernels import _checks
+
+        monkeypatch.setattr(_checks, "cpu_tensors_run", lambda: False)

@@ -206,7 +206,7 @@ def test_fresh_inputs_that_fail_become_rows(tmp_path, device):
     assert rows.loc[16, "status"] == "ok"
 
 
-def test_sweep_smoke_writes_full_schema(tmp_path, capsys):
+def test_sweep_smoke_writes_full_schema(tmp_path, capsys, device):  # the bench's device
     """`python -m triton_fusion_report.analysis.bench --grid smoke` end to end on this machine (interpreter on a CPU)."""
     out = tmp_path / "run"
     assert cli.main(["--out", str(out), "--grid", "smoke", "--family", "elementwise",
@@ -328,7 +328,7 @@ def tiny_softmax_grid(monkeypatch):
 
 
 @FULL
-def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid):
+def test_op_filter_sweeps_the_softmax_backward_alone(tmp_path, tiny_softmax_grid, device):
     """`--op softmax_bwd`: only the backward's rows, every implementation checked against float64
     through the interpreter and ok."""
     out = tmp_path / "run"

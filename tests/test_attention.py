@@ -848,7 +848,7 @@ def test_tuning_may_pick_the_gluon_kernel(device, monkeypatch):
     assert at._plan(q, k, v, True, 0.125, (None,) * 4, False, "tl").tune_key[-1] is False
 
 
-def test_bench_times_each_forward_kernel_alone():
+def test_bench_times_each_forward_kernel_alone(device):  # the bench's device
     """The bench's attention grid has, at its kernel shapes, the forward with the Gluon kernel
     and with the `tl` kernels forced (sweep "kernel", variant "gluon" / "tl"); on this device
     the `tl` one matches float64 and the Gluon one is refused where it does not apply."""

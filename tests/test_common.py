@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from triton_fusion_report import kernels
 from triton_fusion_report.kernels import _checks, _plans
 
 
@@ -141,3 +142,10 @@ def test_fastest_takes_the_median_of_interleaved_rounds():
     assert _plans.TUNING_ROUNDS == 3
     assert _plans.fastest({}, ("m", cpu), ["a", "b"], time_ms, (flash_attention._attn_fwd,), cpu) == "b"
     assert order == ["a", "b"] * 3
+
+
+def test_kernels_refuse_cpu_tensors_a_test_did_not_build_on_its_device():
+    """conftest's guard: a test without the `device` fixture that hands a kernel CPU tensors sees
+    them refused, under the interpreter as on a GPU (so such a test cannot pass only in CI)."""
+    with pytest.raises(ValueError, match="is on the CPU"):
+        kernels.softmax(torch.randn(2, 8))

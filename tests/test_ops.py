@@ -10,6 +10,9 @@ from triton_fusion_report.kernels.families.softmax.backward import softmax_backw
 
 from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 
+# Every tensor here is built on DEVICE, the suite's device (the `device` fixture's value).
+pytestmark = pytest.mark.usefixtures("device")
+
 def _r(*shape, dtype=torch.float32, grad=False):
     t = torch.randn(*shape, device=DEVICE, dtype=dtype)
     return t.requires_grad_() if grad else t

@@ -275,7 +275,7 @@ def test_coop_splits():
     assert sm.coop_splits(1 << 24, 4) == sm.MAX_COOP_SPLITS
 
 
-def test_coop_only_for_rows_loaded_in_vectors(monkeypatch):
+def test_coop_only_for_rows_loaded_in_vectors(monkeypatch, device):
     """The default sends wide float32 rows to the coop kernel only where Triton loads them in
     vectors: width and row stride multiples of COOP_ALIGN, base 16-byte aligned; else online."""
     from triton_fusion_report.kernels import _checks
@@ -284,12 +284,12 @@ def test_coop_only_for_rows_loaded_in_vectors(monkeypatch):
     launched = []
     monkeypatch.setattr(sm, "launch", lambda kernel, grid, *a, **k: launched.append(kernel))
     n = sm.ONLINE_MAX_ROW_BYTES // 4 + sm.COOP_ALIGN
-    wide = torch.randn(8, n + sm.COOP_ALIGN)
-    flat = torch.randn(8 * n + 1)
+    wide = torch.randn(8, n + sm.COOP_ALIGN, device=device)
+    flat = torch.randn(8 * n + 1, device=device)
     coop, online = sm._softmax_coop_kernel, sm._softmax_online_kernel
     for x, kernel in ((wide[:, :n], coop), (wide[:, :n].contiguous(), coop),
-                      (torch.randn(8, n + 3)[:, :n], online),  # row stride off 16
-                      (torch.randn(8, n + 4), online),  # width off 16
+                      (torch.randn(8, n + 3, device=device)[:, :n], online),  # row stride off 16
+                      (torch.randn(8, n + 4, device=device), online),  # width off 16
                       (flat[1:].view(8, n), online)):  # base off 16 bytes
         launched.clear()
         sm.triton_fused(x)

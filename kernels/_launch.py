@@ -1,27 +1,74 @@
 """The launcher: `launch(kernel, grid, *args, **kwargs)`, what every family calls instead of
 `kernel[grid](...)`: the first call of each specialisation goes through Triton unchanged, later
-ones straight to the compiled kernel (see "Launching at the floor" below). It mirrors Triton
-3.6's JITFunction.run; tests/test_launch.py fails loudly on another version.
+ones straight to the compiled kernel (see "Launching at the floor" below); and `descriptor`, the
+host TensorDescriptors the TMA paths pass.
+
+This module is the only one in kernels/ that reads Triton's internals for the launch path, and
+everything here that does so mirrors Triton 3.6.x exactly. It is used only where MIRRORS_TRITON
+(decided once, at import: the installed Triton is 3.6.x and every internal imported) is true:
+
+- `launch`'s fast path re-implements JITFunction.run (triton/runtime/jit.py). It reads
+  JITFunction.params (`is_constexpr`, `name`), `.debug`, `.pre_run_hooks`, `.used_global_vals`;
+  knobs.runtime.debug / launch_enter_hook / launch_exit_hook (HookChain and its `.calls`),
+  knobs.compilation.instrumentation_mode; driver.active.get_current_device() /
+  get_current_stream(); CompiledKernel.function / .packed_metadata / .run.
+- `specialization_key` mirrors what the binder specialises on (create_function_from_signature,
+  native_specialize_impl of python/src/specialize.cc).
+- `_Launches.remember` calls the CudaLauncher's C `launch` directly, found by the class name
+  "CudaLauncher" and its fields global_scratch_size, profile_scratch_size,
+  launch_cooperative_grid, launch_pdl, with 3.6's positional layout (grid x, y, z, stream,
+  function, cooperative, pdl, global scratch, profile scratch, packed metadata, launch metadata,
+  enter hook, exit hook, the arguments, the constexprs) and CudaLauncher.__call__'s otherwise.
+- `_unwrap_tensordesc` / `_tma_args` read the closure cells `launcher`, `tensordesc_indices`,
+  `tensordesc_meta` of wrap_handle_tensordesc's `inner` (triton/backends/nvidia/driver.py) and
+  call its make_tensordesc_arg(arg, metadata).
+- `descriptor` builds a TensorDescriptor with object.__new__, setting the 3.6 dataclass's fields
+  (base, shape, strides, block_shape, padding) and skipping its __post_init__ checks.
+
+Where MIRRORS_TRITON is false (another Triton, or a 3.6 missing one of those internals), each of
+them falls back to Triton's public path: `launch` to `kernel[grid](...)` (`_fitted`), `descriptor`
+to `TensorDescriptor(...)`, `specialization_key` to None, and no compiled kernel is remembered or
+unwrapped. The outputs are the same (the same kernels run); only the host cost a call differs.
+TRITON_FUSION_FAST_LAUNCH=0 (FAST_LAUNCH) sends the launches alone to the public path.
+tests/test_launch.py fails loudly where the installed Triton is not the one mirrored, and runs
+every public op down the fallback (test_every_op_runs_the_same_through_the_public_path).
+Not covered by the flag, elsewhere: Gluon's kernels (families/attention/gluon.py: their own
+version check) and the tuning cache's key (_plans.py: triton_key, the cache manager).
 """
 from __future__ import annotations
 
 import os
 
 import triton
-from triton import knobs
-from triton.compiler import CompiledKernel
-from triton.knobs import HookChain
-from triton.runtime.driver import driver
-from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import _checks
+from ._checks import _Parameter, _Tensor, interpreting
+
+
+def mirrors(version: str) -> bool:
+    """Whether a Triton of this version string is the one this module mirrors (3.6.x)."""
+    return version.split(".")[:2] == ["3", "6"]
+
+
+try:  # the internals the fast paths read (see above); any missing: the public path everywhere
+    from triton import knobs
+    from triton.compiler import CompiledKernel
+    from triton.knobs import HookChain
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+    _INTERNALS = True
+except ImportError:  # pragma: no cover - another Triton
+    _INTERNALS = False
 
 try:  # Triton 3.6's encoding of a host TensorDescriptor for a launch (see _tma_args)
     from triton.backends.nvidia.driver import make_tensordesc_arg as _make_tensordesc_arg
 except Exception:  # noqa: BLE001 - another version or no NVIDIA backend: never cached
     _make_tensordesc_arg = None
 
-from . import _checks
-from ._checks import _Parameter, _Tensor, interpreting
+# The one flag every internals-dependent piece below checks, read at each call (so a test can set
+# it false: tests/test_launch.py); elsewhere read it as _launch.MIRRORS_TRITON, never a copy.
+MIRRORS_TRITON = _INTERNALS and mirrors(triton.__version__)
 
 # ------------------------------------------------------------------------------------------------
 # Launching at the floor.
@@ -50,21 +97,25 @@ CACHE_TMA = True
 # compiled kernel's table of TMA descriptors, at TMA_MAX_ENTRIES).
 FAST_LAUNCH_MAX_ENTRIES = 1024
 TMA_MAX_ENTRIES = 256
-# specialization_key and launch mirror Triton 3.6's JITFunction.run: other versions take the
-# normal path.
-_TRITON_MATCHES = triton.__version__.split(".")[:2] == ["3", "6"]
 _MISSING = object()
 
 
 def descriptor(t, shape, strides, block_shape=None):
     """A host TensorDescriptor over t (block shape given, or set before each launch), made without
     the dataclass's own checks where the caller has made them (a 16-byte aligned base, strides
-    of 16-byte multiples, a unit last stride): they cost more host time than a small launch."""
-    if not all(shape):
-        return TensorDescriptor(t, shape, strides, [1] * len(shape))  # raises: an empty dim
+    of 16-byte multiples, a unit last stride): they cost more host time than a small launch.
+    Through the public constructor, checks and all, where MIRRORS_TRITON is false."""
+    if block_shape is None:
+        block_shape = [1] * len(shape)
+    if not MIRRORS_TRITON or not all(shape):  # (an empty dim: the constructor raises)
+        return TensorDescriptor(t, shape, strides, block_shape)
+    return _unchecked_descriptor(t, shape, strides, block_shape)
+
+
+def _unchecked_descriptor(t, shape, strides, block_shape):
+    """Triton 3.6's TensorDescriptor dataclass, its fields set without __post_init__."""
     d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.padding = t, shape, strides, "zero"
-    d.block_shape = [1] * len(shape) if block_shape is None else block_shape
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, block_shape, "zero"
     return d
 
 
@@ -87,7 +138,11 @@ def specialization_key(args, prefix=(), passed=None) -> tuple | None:
     or another kind's entry.)
 
     `passed`, a list: filled with the arguments as the launcher is to get them, each tensor
-    replaced by its address (read once, for the key and the launch)."""
+    replaced by its address (read once, for the key and the launch).
+
+    None for every call where MIRRORS_TRITON is false: another Triton specialises otherwise."""
+    if not MIRRORS_TRITON:
+        return None
     key = list(prefix)
     append = key.append
     pass_on = None if passed is None else passed.append
@@ -154,7 +209,8 @@ def _unwrap_tensordesc(wrapped):
     `wrap_handle_tensordesc` closure around a CudaLauncher's launch, where every descriptor
     argument has TMA metadata (a kernel compiled for sm_90+); else None."""
     code = getattr(wrapped, "__code__", None)
-    if _make_tensordesc_arg is None or code is None or getattr(wrapped, "__name__", "") != "inner":
+    if (not MIRRORS_TRITON or _make_tensordesc_arg is None or code is None
+            or getattr(wrapped, "__name__", "") != "inner"):
         return None
     try:
         cells = dict(zip(code.co_freevars, (c.cell_contents for c in wrapped.__closure__)))
@@ -190,7 +246,7 @@ class _Launches:
     def __init__(self, kernel):
         self.kernel = kernel  # a reference, so that id(kernel) stays this kernel's
         self.n_runtime, self.constexpr_names, self.compiled = -1, (), {}
-        if not _TRITON_MATCHES or type(kernel) is not JITFunction:  # e.g. the interpreter's
+        if not MIRRORS_TRITON or type(kernel) is not JITFunction:  # e.g. the interpreter's
             return
         params = kernel.params
         n = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
@@ -255,12 +311,15 @@ def launch(kernel, grid, *args, **kwargs):
     `specialization_key` of args) holds everything Triton keys its compiled kernels on. The fast
     path needs the runtime arguments positional and the constexprs by keyword (as kernels/ passes
     them), a tuple grid, Triton 3.6, and nothing unusual: no launch or pre-run hooks, no debug or
-    instrumentation mode, not the interpreter, the kernel's globals unchanged. Anything else goes
-    through kernel[grid], as does the first call of each key."""
+    instrumentation mode, not the interpreter, the kernel's globals unchanged, MIRRORS_TRITON and
+    FAST_LAUNCH. Anything else goes through kernel[grid], as does the first call of each key."""
+    # Checked before anything reads the kernel's or Triton's internals (_Launches does).
+    if not (MIRRORS_TRITON and FAST_LAUNCH):
+        return _fitted(kernel, grid, args, kwargs)[0]
     state = _LAUNCHES.get(id(kernel))
     if state is None:
         state = _LAUNCHES[id(kernel)] = _Launches(kernel)
-    if not FAST_LAUNCH or len(args) != state.n_runtime or grid.__class__ is not tuple:
+    if len(args) != state.n_runtime or grid.__class__ is not tuple:
         return _fitted(kernel, grid, args, kwargs)[0]
     runtime = knobs.runtime
     enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
@@ -315,4 +374,4 @@ def launch(kernel, grid, *args, **kwargs):
     return entry.kernel
 
 
-__all__ = ["descriptor", "launch", "specialization_key"]
+__all__ = ["descriptor", "launch", "mirrors", "specialization_key"]

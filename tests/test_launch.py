@@ -1,6 +1,9 @@
 """kernels._launch.launch: the fast launch path, checked on the CPU against Triton's own
 JITFunction.run (real binder, cache key, launch arguments; only the compiler and the C launcher
-are stand-ins: tools/host_proxy.py's simulated_gpu)."""
+are stand-ins: tools/host_proxy.py's simulated_gpu); and the public path every piece of
+kernels/_launch.py that reads Triton's internals falls back to on another Triton version
+(MIRRORS_TRITON false)."""
+import collections
 import itertools
 import os
 import random
@@ -14,7 +17,8 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from triton_fusion_report.kernels import _launch
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import _checks, _launch
 
 from conftest import tool
 
@@ -26,12 +30,12 @@ def test_the_installed_triton_is_the_one_the_fast_path_mirrors():
     launch silently takes Triton's own (slower) path. This fails instead, with what to do."""
     import triton
 
-    assert _launch._TRITON_MATCHES, (
+    assert _launch.MIRRORS_TRITON, (
         f"Triton {triton.__version__} is installed; kernels/_launch.py mirrors Triton 3.6's "
-        "launch path (specialization_key, launch), so every launch now takes Triton's normal "
-        "path (correct, 11-19 us a call slower). Install triton==3.6.* (requirements.txt), or "
-        "port specialization_key and launch to this version's JITFunction.run and update "
-        "_TRITON_MATCHES.")
+        "launch path (specialization_key, launch) and TensorDescriptor, so every launch now "
+        "takes Triton's normal path and every host descriptor its checked constructor (correct, "
+        "11-19 us a call slower). Install triton==3.6.* (requirements.txt), or port what the "
+        "comment atop kernels/_launch.py lists to this version and update `mirrors`.")
 
 
 def _toy(x_ptr, y_ptr, n, m, scale, flag, BLOCK: tl.constexpr, MODE: tl.constexpr):
@@ -295,8 +299,11 @@ def test_interpreted_kernels_take_the_normal_path(device):
 
     x = torch.ones(8, device=device)
     elementwise.triton_fused(x, x, 2.0)
-    state = _launch._LAUNCHES[id(elementwise._add_mul_kernel)]
-    assert state.n_runtime == -1 and not state.compiled
+    state = _launch._LAUNCHES.get(id(elementwise._add_mul_kernel))
+    if not (_launch.MIRRORS_TRITON and _launch.FAST_LAUNCH):
+        assert state is None  # (launch never looked)
+    else:
+        assert state.n_runtime == -1 and not state.compiled
 
 
 def test_a_full_table_empties_and_refills(gpu, count_runs, monkeypatch):
@@ -376,3 +383,260 @@ def test_cached_tma_descriptors_are_what_tritons_wrapper_passes(monkeypatch):
         assert len(encoded) == 8 + 5
     finally:
         driver.set_active(previous)
+
+
+# ------------------------------------------------------------------------------------------------
+# Another Triton: MIRRORS_TRITON false sends every piece that reads Triton 3.6's internals to
+# Triton's public path (kernel[grid](...), TensorDescriptor(...)).
+
+# The code of kernels/_launch.py that reads Triton's internals, as `internals_ran` counts it: the
+# fast path's table (every launch that tries the fast path looks there first) and the functions.
+INTERNALS = ("_LAUNCHES", "specialization_key", "_Launches", "_unwrap_tensordesc", "_tma_args",
+             "_unchecked_descriptor")
+
+
+@pytest.fixture
+def internals_ran(monkeypatch):
+    """Counts calls, by name: into INTERNALS, into the public launch (`_fitted`: kernel[grid]) and
+    into TensorDescriptor's own checks (`TensorDescriptor.__post_init__`: its constructor)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    counts = collections.Counter()
+
+    class Table(dict):
+        def get(self, *a):
+            counts["_LAUNCHES"] += 1
+            return super().get(*a)
+
+    monkeypatch.setattr(_launch, "_LAUNCHES", Table(_launch._LAUNCHES))
+    for name in INTERNALS[1:] + ("_fitted",):
+        def spied(*a, _name=name, _original=getattr(_launch, name), **k):
+            counts[_name] += 1
+            return _original(*a, **k)
+
+        monkeypatch.setattr(_launch, name, spied)
+    post_init = TensorDescriptor.__post_init__
+
+    def checked(self):
+        counts["TensorDescriptor.__post_init__"] += 1
+        post_init(self)
+
+    monkeypatch.setattr(TensorDescriptor, "__post_init__", checked)
+    return counts
+
+
+def test_the_flag_is_the_version_check():
+    assert all(map(_launch.mirrors, ("3.6.0", "3.6.1", "3.6.0+git1a2b3c4", "3.6.0.dev0")))
+    assert not any(map(_launch.mirrors, ("3.5.1", "3.7.0", "4.0.0", "3.60.0", "2.3.6")))
+
+
+def test_another_triton_version_gets_the_public_path_from_import(device):
+    """A process whose Triton reports another version decides MIRRORS_TRITON false at import, and
+    its ops run (a fresh process: the flag is decided once, when kernels/_launch.py loads)."""
+    root = Path(__file__).resolve().parent.parent
+    code = f"""
+import torch, triton
+triton.__version__ = "3.7.0"
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import _launch
+assert _launch.MIRRORS_TRITON is False
+x = torch.randn(3, 40, device="{device}")
+torch.testing.assert_close(kernels.softmax(x), torch.softmax(x, -1))
+q = torch.randn(1, 2, 24, 16, device="{device}", dtype=torch.float16)
+want = torch.softmax((q.float() @ q.float().transpose(-1, -2)) / 4, -1) @ q.float()
+torch.testing.assert_close(kernels.attention(q, q, q).float(), want, atol=2e-3, rtol=2e-3)
+assert not _launch._LAUNCHES
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.stdout + done.stderr)[-4000:]
+
+
+def test_the_environment_switch_sends_launches_alone_to_the_public_path():
+    """TRITON_FUSION_FAST_LAUNCH=0 (read at import, hence a fresh process; compiled kernels under
+    simulated_gpu): every launch goes through JITFunction.run; the flag, and with it the
+    descriptor builder, stays as the version decides."""
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import sys, torch
+from triton.runtime.jit import JITFunction
+from triton import knobs
+sys.path.insert(0, sys.argv[1])
+from host_proxy import simulated_gpu
+from triton_fusion_report import kernels
+from triton_fusion_report.kernels import _launch
+assert _launch.FAST_LAUNCH is False and _launch.MIRRORS_TRITON is True
+knobs.runtime.interpret = True  # (the checks take CPU tensors)
+runs, calls, run = [], [], JITFunction.run
+JITFunction.run = lambda self, *a, **k: runs.append(self) or run(self, *a, **k)
+with simulated_gpu(calls):
+    x = torch.randn(8, 1024, dtype=torch.float16)
+    for _ in range(3):
+        kernels.softmax(x)
+assert len(runs) == len(calls) == 3 and not _launch._LAUNCHES, (len(runs), len(calls))
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_FUSION_FAST_LAUNCH": "0"}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", code, str(root / "tools")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.stdout + done.stderr)[-4000:]
+
+
+def test_launch_takes_the_public_path_on_another_triton(gpu, count_runs, monkeypatch):
+    """Every call through JITFunction.run, with what the fast path would have passed, and nothing
+    kept for the kernel."""
+    monkeypatch.setattr(_launch, "MIRRORS_TRITON", False)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", True)
+    kernel = JITFunction(_toy)
+    args, kwargs = _one_call(kernel)
+    for _ in range(3):
+        _launch.launch(kernel, (1,), *args, **kwargs)
+    assert count_runs["runs"] == 3 and id(kernel) not in _launch._LAUNCHES
+    _check_launches(gpu, kernel, [(0, (1,), args, kwargs)] * 3)
+
+
+def test_each_piece_that_reads_tritons_internals_checks_the_flag(monkeypatch):
+    """Besides launch (above) and descriptor (below): each piece called alone takes the public
+    answer with the flag false."""
+    kernel = JITFunction(_toy)
+    args, _ = _one_call(kernel)
+    nv = pytest.importorskip("triton.backends.nvidia.driver")
+    signature = {"Q": "tensordesc<fp16[64, 32]>", "B": "constexpr"}
+    meta = [dict(swizzle=128, elem_size=2, elem_type=1, block_size=[64, 32], fp4_padded=False)]
+    wrapped = nv.wrap_handle_tensordesc(lambda *a: None, signature, meta)
+    assert _launch.specialization_key(args) is not None
+    assert _launch._Launches(kernel).n_runtime == 6
+    assert _launch._unwrap_tensordesc(wrapped) is not None
+    monkeypatch.setattr(_launch, "MIRRORS_TRITON", False)
+    assert _launch.specialization_key(args) is None  # "launch through Triton"
+    assert _launch._Launches(kernel).n_runtime == -1  # never the fast path
+    assert _launch._unwrap_tensordesc(wrapped) is None  # Triton's wrapper encodes
+
+
+def test_descriptor_uses_tensordescriptors_constructor_on_another_triton(monkeypatch,
+                                                                        internals_ran):
+    """The same descriptor either way; with the flag false made by TensorDescriptor's constructor,
+    its checks and all (with it true they are the callers' to make: the builder skips them)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = _buffer(torch.float16, 0).view(4, 16)
+    made = {}
+    for flag in (True, False):
+        monkeypatch.setattr(_launch, "MIRRORS_TRITON", flag)
+        internals_ran.clear()
+        made[flag] = [_launch.descriptor(t, [4, 16], [16, 1], [2, 16]),
+                      _launch.descriptor(t, [4, 16], [16, 1])]  # block shape set at launch
+        assert internals_ran["_unchecked_descriptor"] == (2 if flag else 0)
+        assert internals_ran["TensorDescriptor.__post_init__"] == (0 if flag else 2)
+    for d in made[True] + made[False]:
+        assert type(d) is TensorDescriptor and d.base is t
+    fields = [[(d.shape, d.strides, d.block_shape, d.padding) for d in made[f]] for f in made]
+    assert fields[0] == fields[1] == [([4, 16], [16, 1], [2, 16], "zero"),
+                                      ([4, 16], [16, 1], [1, 1], "zero")]
+    unaligned = _buffer(torch.float16, 8)[:32].view(2, 16)
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        _launch.descriptor(unaligned, [2, 16], [16, 1], [2, 16])
+    monkeypatch.setattr(_launch, "MIRRORS_TRITON", True)
+    _launch.descriptor(unaligned, [2, 16], [16, 1], [2, 16])  # unchecked
+    for flag in (True, False):  # an empty dim: the constructor raises either way
+        monkeypatch.setattr(_launch, "MIRRORS_TRITON", flag)
+        with pytest.raises(AssertionError, match="shape must be positive"):
+            _launch.descriptor(t[:0], [0, 16], [16, 1], [2, 16])
+
+
+def _public_op_cases(device):
+    """(name, op, inputs): every public op at small shapes; half precision where an op reads
+    through host TensorDescriptors (attention, softmax_matmul, and with one SM linear_act and
+    matmul_softmax, whose plan takes its tiled method above 2^24 multiply-adds)."""
+    gen = torch.Generator().manual_seed(0)
+    h = torch.float16
+
+    def r(*shape, dtype=torch.float32, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+    x, y = r(3, 40), r(3, 40)
+    q, k, v = (r(1, 2, 24, 16, dtype=h) for _ in range(3))
+    target = torch.randint(0, 30, (12,), generator=gen).to(device)
+    return [
+        ("add_mul", kernels.add_mul, (x, y, r(40))),
+        ("add_mul scalar", kernels.add_mul, (x, y, 1.5)),
+        ("softmax", kernels.softmax, (x,)),
+        ("layer_norm", kernels.layer_norm, (x, r(40), r(40))),
+        ("softmax_matmul", kernels.softmax_matmul, (r(2, 16, 32, dtype=h), r(2, 32, 16, dtype=h))),
+        ("attention", kernels.attention, (q, k, v, True)),
+        ("matmul_softmax", kernels.matmul_softmax,
+         (r(1024, 256, dtype=h), r(256, 72, dtype=h, scale=1 / 16), r(72, dtype=h))),
+        ("linear_act", kernels.linear_act,
+         (r(32, 64, dtype=h), r(64, 64, dtype=h, scale=1 / 8), r(64, dtype=h))),
+        ("linear_cross_entropy", kernels.linear_cross_entropy,
+         (r(12, 16), r(30, 16), target, r(30))),
+    ]
+
+
+def _forward_backward(op, inputs):
+    """The op's output and the gradients of its floating inputs (fresh leaves) for a fixed
+    upstream gradient."""
+    leaves = [a.detach().clone().requires_grad_()
+              if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs]
+    out = op(*leaves)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    grads = torch.autograd.grad(out, [a for a in leaves if isinstance(a, torch.Tensor)
+                                      and a.requires_grad], dout)
+    return [out.detach(), *grads]
+
+
+def _bits(t):
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def test_every_op_runs_the_same_through_the_public_path(device, internals_ran, monkeypatch):
+    """As on a Triton other than the one kernels/_launch.py mirrors (MIRRORS_TRITON false): every
+    public op, forward and backward, gives bit for bit the outputs and gradients of the fast path
+    (the same kernels run), every launch goes through kernel[grid] and every host descriptor
+    through TensorDescriptor's constructor, and none of the code that reads Triton's internals
+    runs. (Under the interpreter launch's fast path is off anyway: what differs there is the
+    descriptors; tools/host_proxy.py --check-public, below, compares the launches of compiled
+    kernels.)"""
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", True)
+    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 1)  # matmuls of one tile take TMA
+    cases = _public_op_cases(device)
+    fast, descriptors = {}, {}
+    for name, op, inputs in cases:
+        _forward_backward(op, inputs)  # compiles, and is each key's first (normal) launch
+        internals_ran.clear()
+        fast[name] = _forward_backward(op, inputs)
+        assert internals_ran["_LAUNCHES"] > 0, name  # the fast path was tried
+        # (the interpreter copies each descriptor argument through the constructor)
+        descriptors[name] = (internals_ran["_unchecked_descriptor"],
+                             internals_ran["TensorDescriptor.__post_init__"])
+    if _checks.interpreting():  # (on a GPU, small attention problems skip TMA)
+        assert all(descriptors[n][0] for n in ("softmax_matmul", "attention", "matmul_softmax",
+                                               "linear_act")), descriptors
+    monkeypatch.setattr(_launch, "MIRRORS_TRITON", False)
+    for name, op, inputs in cases:
+        internals_ran.clear()
+        public = _forward_backward(op, inputs)
+        assert {k: internals_ran[k] for k in INTERNALS if internals_ran[k]} == {}, name
+        assert internals_ran["_fitted"] > 0, name
+        assert internals_ran["TensorDescriptor.__post_init__"] == sum(descriptors[name]), name
+        assert len(public) == len(fast[name]) > 1, name
+        for i, (a, b) in enumerate(zip(fast[name], public)):
+            assert a.dtype == b.dtype and a.shape == b.shape, (name, i)
+            assert torch.isfinite(a).all(), (name, i)  # (written: outputs start as NaN)
+            assert torch.equal(_bits(a), _bits(b)), (name, i)
+
+
+def test_every_op_launches_the_same_through_the_public_path():
+    """Compiled kernels (no interpreter) under simulated_gpu: with MIRRORS_TRITON false each
+    public op's launches are the fast path's, all through JITFunction.run, and nothing that reads
+    Triton's internals runs (tools/host_proxy.py --check-public)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, str(root / "tools" / "host_proxy.py"),
+                           "--check-public"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -15,7 +15,9 @@ a public op on tiny CPU tensors is its host cost minus the C launch and minus CU
 - `with launch`: JITFunction.run for real (or the fast path of kernels._launch.launch, when that
   exists and is on) down to a no-op launcher.
 Run the same file with PYTHONPATH at another checkout to compare (it imports only the package).
---check instead compares each op's launches with the fast path off and on (`check_fast_path`).
+--check instead compares each op's launches with the fast path off and on (`check_fast_path`);
+--check-public, with the fast path on and with Triton's public path alone, as on a Triton other than
+the one kernels/_launch.py mirrors (`check_public_path`).
 The tests use `simulated_gpu` to run `launch` against Triton's real run (tests/test_launch.py).
 """
 from __future__ import annotations
@@ -281,6 +283,90 @@ def check_fast_path() -> list[str]:
     return problems
 
 
+def check_public_path() -> list[str]:
+    """For each public op (the proxy's cases, with one SM so that the matmuls read through host
+    descriptors too), its launches after a warm-up with the fast path on, then with
+    `_launch.MIRRORS_TRITON` false (what another Triton version gets): the same kernels, grids,
+    streams and arguments; with the flag false every launch goes through JITFunction.run, and
+    nothing that reads Triton's internals runs (the fast path's table, specialization_key, the
+    unchecked descriptor builder). Returns the problems found."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("the kernels must be JITFunctions: unset TRITON_INTERPRET")
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    from triton_fusion_report.kernels import _checks, _launch
+
+    knobs.runtime.interpret = True  # (the checks take CPU tensors)
+    problems, calls, runs, internals, with_descriptors = [], [], [], [], []
+    run = JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(self)
+        return run(self, *args, **kwargs)
+
+    class Table(dict):
+        def get(self, *a):
+            internals.append("the fast path's table")
+            return super().get(*a)
+
+    def spy(name):
+        original = getattr(_launch, name)
+
+        def spied(*a, **k):
+            internals.append(name)
+            return original(*a, **k)
+        return spied
+
+    saved = {name: getattr(_launch, name) for name in (
+        "MIRRORS_TRITON", "FAST_LAUNCH", "POINTERS_AS_INTS", "_LAUNCHES", "specialization_key",
+        "_unchecked_descriptor")}
+    sms = _checks.SM_COUNT_OVERRIDE
+    with simulated_gpu(calls):
+        JITFunction.run = counted
+        _launch.POINTERS_AS_INTS = False  # tensors described by their layouts (check_fast_path)
+        _launch.FAST_LAUNCH = True
+        _launch._LAUNCHES = Table(_launch._LAUNCHES)
+        for name in ("specialization_key", "_unchecked_descriptor"):
+            setattr(_launch, name, spy(name))
+        _checks.SM_COUNT_OVERRIDE = 1
+        try:
+            for name, fn in _cases():
+                _launch.MIRRORS_TRITON = True
+                fn()
+                calls.clear()
+                internals.clear()
+                fn()
+                fast = [_describe(c) for c in calls]
+                if "the fast path's table" not in internals:  # (else nothing is compared)
+                    problems.append(f"{name}: the fast path was not tried")
+                if "_unchecked_descriptor" in internals:
+                    with_descriptors.append(name)
+                _launch.MIRRORS_TRITON = False
+                calls.clear()
+                runs.clear()
+                internals.clear()
+                fn()
+                public = [_describe(c) for c in calls]
+                if public != fast:
+                    problems.append(f"{name}: public path launches {public} != {fast}")
+                if len(runs) != len(calls):
+                    problems.append(f"{name}: {len(calls) - len(runs)} of {len(calls)} launches "
+                                    "skipped JITFunction.run with MIRRORS_TRITON false")
+                if internals:
+                    problems.append(f"{name}: with MIRRORS_TRITON false, ran "
+                                    f"{', '.join(sorted(set(internals)))}")
+            if not with_descriptors:
+                problems.append("no op built a host TensorDescriptor: the descriptors' public "
+                                "path went unchecked")
+        finally:
+            JITFunction.run = run
+            _checks.SM_COUNT_OVERRIDE = sms
+            for name, value in saved.items():
+                setattr(_launch, name, value)
+    return problems
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/host_proxy.py",
                                  description=__doc__,
@@ -288,9 +374,17 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=2000, help="calls a batch (25 batches)")
     ap.add_argument("--check", action="store_true",
                     help="instead: check that each op's launches take the fast path unchanged")
+    ap.add_argument("--check-public", action="store_true",
+                    help="instead: check that each op's launches are the same through Triton's "
+                         "public path alone (another Triton version's)")
     args = ap.parse_args(argv)
     from triton_fusion_report.kernels import _checks, _launch
 
+    if args.check_public:
+        problems = check_public_path()
+        print("\n".join(problems) or "public path: every op's launches as the fast path's, "
+                                     "no internals read")
+        return 1 if problems else 0
     if args.check:
         problems = check_fast_path()
         print("\n".join(problems) or "fast path: every op's launches as the normal path's")

@@ -1528,16 +1528,16 @@ def test_a_finished_compile_pass_is_not_run_again(monkeypatch, tmp_path):
 
 
 @FULL
-def test_warm_processes_run_the_smoke_grid(tmp_path, monkeypatch):
-    """Two spawned processes warm the elementwise smoke grid (the interpreter: the machinery),
-    and the finished pass marks the caches."""
+def test_warm_processes_run_the_smoke_grid(tmp_path, monkeypatch, device):
+    """Two spawned processes warm the elementwise smoke grid on the suite's device (on a CPU the
+    interpreter: the machinery), and the finished pass marks the caches."""
     from types import SimpleNamespace
 
     from triton_fusion_report.analysis.bench import warm
 
     monkeypatch.setattr(warm, "cache_folders", lambda: [tmp_path / "triton", tmp_path / "ind"])
     args = SimpleNamespace(grid="smoke", family=["elementwise"], op=None, where=None,
-                           device="cpu", no_progress=True)
+                           device=str(device), no_progress=True)
     problems = families.select_problems(args)
     took, longest = warm.run(args, problems, 2)
     assert took > 0 and "a process's start" in longest and "add_mul" in longest, longest

@@ -318,20 +318,22 @@ def test_inductor_and_cuda_graph(name):
     public function in a CUDA graph, both matching the eager call."""
     _, fn, _, args = CASES[name]
     want = fn(*args)
-    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a
-              for a in args]
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor)
+              and a.is_floating_point() else a for a in args]  # (the loss's targets: ints)
     compiled = torch.compile(lambda *a: fn(*a) * 2, fullgraph=True)
     out = compiled(*leaves)
     assert rel_err(out, want * 2) <= 1e-6
     out.float().sum().backward()
-    assert all(t.grad is not None for t in leaves if isinstance(t, torch.Tensor))
+    assert all(t.grad is not None for t in leaves if isinstance(t, torch.Tensor)
+               and t.is_floating_point())
     static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     fn(*static)  # compile and plan outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = fn(*static)
-    fresh = [torch.randn_like(a) if isinstance(a, torch.Tensor) else a for a in args]
+    fresh = [torch.randn_like(a) if isinstance(a, torch.Tensor) and a.is_floating_point()
+             else a.flip(0) if isinstance(a, torch.Tensor) else a for a in args]
     for s, f in zip(static, fresh):
         if isinstance(s, torch.Tensor):
             s.copy_(f)

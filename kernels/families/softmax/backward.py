@@ -22,7 +22,8 @@ import triton.language as tl
 
 from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, unfused_tile
 from ..._launch import launch
-from .forward import _row_bounds, aligned_vector
+from .forward import _row_bounds
+from .planning import aligned_vector
 
 MAX_ONE_TILE = 16384
 # Tiles of the two-pass kernel, 32 warps: float32 rows take the largest; 16-bit rows the largest

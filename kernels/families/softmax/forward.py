@@ -18,9 +18,10 @@ moves). Fused, `plan` (in `planning`, with the thresholds it reads) picks one of
   (VEC, `vector_width`), so that their loads and stores stay vectorised.
 - "coop": longer float32 rows, where Triton loads them in vectors (COOP_ALIGN: a width and row
   stride of 16-element multiples, an aligned base). A persistent grid of one program per SM; each
-  row is shared by a group of programs that each hold a chunk in registers, exchange their partial (max, sum) through memory,
-  wait for each other at a per-row counter and write their chunk from registers: 2N, like
-  one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK elements.
+  row is shared by a group of programs that each hold a chunk in registers, exchange their
+  partial (max, sum) through memory, wait for each other at a per-row counter and write their
+  chunk from registers: 2N, like one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK
+  elements.
 - "split": for long rows and fewer rows than SMs, where one program per row would leave most of
   the GPU idle: several programs per row each reduce a chunk to a partial (max, sum), and a second
   kernel combines a row's partials and writes its chunk. Also 3N, but the whole GPU works; when the

@@ -14,12 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
-                      check_warps, empty, has_tma, next_pow2, sm_count_of)
+from ._buffers import empty
+from ._checks import check_pow2, check_same, check_tensor, check_warps
+from ._device import INTERPRETER_SM_COUNT, has_tma, sm_count_of
+from ._tiles import cdiv, next_pow2
 from ._plans import plan_strides
 from ._launch import descriptor, launch
-from ._checks import dot as _dot
-from ._checks import upcast_bf16 as _upcast_bf16
+from ._dot import dot as _dot
+from ._dot import upcast_bf16 as _upcast_bf16
 
 PRECISIONS = ("ieee", "tf32")
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")

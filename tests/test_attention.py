@@ -95,9 +95,9 @@ def test_without_tma(layout, causal, device, monkeypatch):
     """The path of GPUs without TMA (before Hopper), forced with NO_TMA: plain masked loads at
     the tensors' own strides (views read in place, no copy), any head_dim without host padding;
     the same results as the descriptor path, against float64."""
-    from triton_fusion_report.kernels import _checks
+    from triton_fusion_report.kernels import _device
 
-    monkeypatch.setattr(_checks, "NO_TMA", True)
+    monkeypatch.setattr(_device, "NO_TMA", True)
     if layout == "qkv_views":
         q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
     elif layout == "grouped_kv_cache":
@@ -529,9 +529,9 @@ def test_cached_checks_still_refuse(device):
 def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
     """Scores that climb along the keys (the running max grows at every tile), grouped heads,
     odd lengths (a partial key tile, a diagonal), and the log-sum-exp the backward reads."""
-    from triton_fusion_report.kernels import _checks
+    from triton_fusion_report.kernels import _device
 
-    monkeypatch.setattr(_checks, "NO_TMA", no_tma)
+    monkeypatch.setattr(_device, "NO_TMA", no_tma)
     monkeypatch.setattr(at, "_PLANS", {})
     monkeypatch.setattr(at, "_TUNED_PLANS", {})
     q, k, v = qkv((1, 4, 40, 16), torch.float16, device)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels._checks import interpreting
+from triton_fusion_report.kernels._device import interpreting
 
 from conftest import FULL, TOL, fast_cases, full, rel_err
 
@@ -291,9 +291,9 @@ def test_coop_splits():
 def test_coop_only_for_rows_loaded_in_vectors(monkeypatch, device):
     """The default sends wide float32 rows to the coop kernel only where Triton loads them in
     vectors: width and row stride multiples of COOP_ALIGN, base 16-byte aligned; else online."""
-    from triton_fusion_report.kernels import _checks
+    from triton_fusion_report.kernels import _device
 
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 4)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 4)
     launched = []
     monkeypatch.setattr(sm, "launch", lambda kernel, grid, *a, **k: launched.append(kernel))
     n = smp.ONLINE_MAX_ROW_BYTES // 4 + smp.COOP_ALIGN

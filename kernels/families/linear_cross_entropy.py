@@ -36,7 +36,9 @@ from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
 from .._autograd import NS, _direct
-from .._checks import check_pow2, check_same, check_tensor, empty, next_pow2
+from .._buffers import empty
+from .._checks import check_pow2, check_same, check_tensor
+from .._tiles import next_pow2
 from .._launch import launch
 from .softmax.forward import _online_step
 from .softmax.planning import ONLINE_BLOCK, half_online_tile

@@ -21,11 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import cdiv, empty, interpreting, next_pow2, scratch, sm_count_of
+from ..._buffers import empty, scratch
+from ..._device import interpreting, sm_count_of
+from ..._tiles import cdiv, next_pow2
 from ..._plans import cached, layout_key, plan_cache, plan_strides
 from ..._launch import launch
-from ..._checks import dot as _dot
-from ..._checks import upcast_bf16 as _upcast_bf16
+from ..._dot import dot as _dot
+from ..._dot import upcast_bf16 as _upcast_bf16
 
 MAX_ROWS = 16  # seq_q * (heads / kv_heads) up to this: decoding (one query, a few with speculation)
 MIN_CHUNK = 256  # keys per split, at least

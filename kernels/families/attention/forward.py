@@ -38,7 +38,9 @@ import torch
 import torch.nn.functional as F
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..._checks import cdiv, check_same, check_tensor, empty, empty_like, is_fake
+from ..._buffers import empty, empty_like
+from ..._checks import check_same, check_tensor, is_fake
+from ..._tiles import cdiv
 from ..._plans import cached, fastest, layout_key, plan_cache
 from ..._timer import time_ms
 from ..._launch import descriptor, launch

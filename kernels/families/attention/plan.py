@@ -10,8 +10,10 @@ from typing import NamedTuple
 import torch
 
 from ..._bmm import DOT_MIN
-from ..._checks import check_pow2, has_tma, interpreting, next_pow2
-from ..._checks import upcast_bf16 as _upcast_bf16
+from ..._checks import check_pow2
+from ..._device import has_tma, interpreting
+from ..._tiles import next_pow2
+from ..._dot import upcast_bf16 as _upcast_bf16
 from . import decoding as flash_decoding
 from . import gluon as _gluon
 

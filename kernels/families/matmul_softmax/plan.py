@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..._checks import INTERPRETER_SM_COUNT, cdiv, check_pow2
+from ..._checks import check_pow2
+from ..._device import INTERPRETER_SM_COUNT
+from ..._tiles import cdiv
 from ..._matmul import PRECISIONS, _launch_opts, _precision_class, _pow2
 
 

@@ -20,7 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, unfused_tile
+from ..._buffers import empty
+from ..._checks import as_rows, check_same
+from ..._tiles import cdiv, next_pow2, unfused_tile
 from ..._launch import launch
 from .forward import _row_bounds
 from .planning import aligned_vector

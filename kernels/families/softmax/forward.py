@@ -36,8 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import (as_rows, cdiv, empty, empty_like, interpreting, next_pow2, sm_count_of,
-                        unfused_tile)
+from ..._buffers import empty, empty_like
+from ..._checks import as_rows
+from ..._device import interpreting, sm_count_of
+from ..._tiles import cdiv, next_pow2, unfused_tile
 from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
 from .planning import COOP, ONE_PASS, ONLINE, SPLIT, Plan, plan  # noqa: F401 - SPLIT: callers'

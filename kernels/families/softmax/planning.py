@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..._checks import (cdiv, check_pow2, check_warps, default_warps, interpreting, next_pow2,
-                        sm_count_of)
+from ..._checks import check_pow2, check_warps
+from ..._device import interpreting, sm_count_of
+from ..._tiles import cdiv, default_warps, next_pow2
 
 ONE_PASS, ONLINE, SPLIT, COOP = "one_pass", "online", "split", "coop"
 PATHS = (ONE_PASS, ONLINE, SPLIT, COOP)

@@ -153,9 +153,8 @@ def default_blocks(head_dim: int) -> dict:
     if next_pow2(head_dim) > 128:
         one = dict(block_m=32, block_n=32, num_warps=4, num_stages=1)
         return dict(dkdv=one, dq=one)
-    # Measured at B4 S4096 fp16 on an H100 (docs/attention.md, "Measurements behind the
-    # constants"): dq gains from 128-query tiles (8 warps), dk/dv from a third stage at head_dim
-    # 64 only.
+    # dq gains from 128-query tiles (8 warps), dk/dv from a third stage at head_dim 64 only
+    # (docs/attention.md, "Measurements behind the constants").
     dq = dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
     if next_pow2(head_dim) <= 64:
         return dict(dkdv=dict(block_m=64, block_n=64, num_warps=4, num_stages=3), dq=dq)

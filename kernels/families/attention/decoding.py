@@ -146,9 +146,9 @@ def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def default_splits(batch_kv_heads: int, seq_k: int, device) -> int:
-    """Enough programs to fill the SMs once, each with MIN_CHUNK keys at least. (Twice as many
-    was slower at batch 1 with 8 kv heads on an H100: 32 splits of 256 keys took 34 us at 8192
-    keys, 16 of 512 keys 29 us: each split pays a fixed cost and the merge reads every split.)"""
+    """Enough programs to fill the SMs once, each with MIN_CHUNK keys at least. (Not twice: each
+    split pays a fixed cost and the merge reads every split; docs/attention.md, "Decoding
+    splits".)"""
     if interpreting():
         return min(4, max(1, cdiv(seq_k, 16)))
     want = cdiv(sm_count_of(device), batch_kv_heads)

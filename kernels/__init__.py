@@ -2,8 +2,9 @@
 `reference`, `triton_unfused` and `triton_fused` side by side with the plan that picks blocks and
 the op itself (a PyTorch custom op, differentiable; linear_cross_entropy, new, has no unfused
 Triton version yet: its baseline is the reference); shared private pieces beside this file
-(`_checks`, `_plans`, `_timer`, `_launch`, `_matmul`, `_bmm`, `_stored_softmax`, `_autograd`)."""
-from ._checks import poisoned_outputs
+(`_checks`, `_buffers`, `_device`, `_tiles`, `_dot`, `_plans`, `_timer`, `_launch`, `_matmul`,
+`_bmm`, `_stored_softmax`, `_autograd`)."""
+from ._buffers import poisoned_outputs
 from .families.add_mul import _add_mul_op, _add_mul_scalar_op, add_mul
 from .families.attention import _attention_backward_op, _attention_op, attention
 from .families.layer_norm import _layer_norm_backward_op, _layer_norm_op, layer_norm

@@ -6,9 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import cdiv, empty
-from ._checks import dot as _dot
-from ._checks import upcast_bf16 as _upcast_bf16
+from ._buffers import empty
+from ._tiles import cdiv
+from ._dot import dot as _dot
+from ._dot import upcast_bf16 as _upcast_bf16
 from ._launch import launch
 
 DOT_MIN = " (tl.dot's minimum)"

@@ -42,8 +42,9 @@ import os
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import _checks
-from ._checks import _Parameter, _Tensor, interpreting
+from . import _device
+from ._checks import _Parameter, _Tensor
+from ._device import interpreting
 
 
 def mirrors(version: str) -> bool:
@@ -287,13 +288,13 @@ def _fitted(kernel, grid, args, kwargs) -> tuple:
     """(kernel[grid](*args, **kwargs), the keywords it ran with): where the kernel's shared memory
     does not fit the device (plans are tuned on an H100, with 228 KB a block; an A100 has 164, a
     consumer card 99), with one pipeline stage fewer at a time; the same results, a shallower
-    prefetch. _checks.MAX_SHARED, when set, stands in for the device's limit."""
+    prefetch. _device.MAX_SHARED, when set, stands in for the device's limit."""
     while True:
         try:
-            if _checks.MAX_SHARED is not None and not interpreting():
+            if _device.MAX_SHARED is not None and not interpreting():
                 shared = kernel.warmup(*args, grid=grid, **kwargs).metadata.shared
-                if shared > _checks.MAX_SHARED:
-                    raise triton.runtime.errors.OutOfResources(shared, _checks.MAX_SHARED, "shared memory")
+                if shared > _device.MAX_SHARED:
+                    raise triton.runtime.errors.OutOfResources(shared, _device.MAX_SHARED, "shared memory")
             return kernel[grid](*args, **kwargs), kwargs
         except triton.runtime.errors.OutOfResources as exc:
             stages = kwargs.get("num_stages")
@@ -331,9 +332,9 @@ def launch(kernel, grid, *args, **kwargs):
         return _fitted(kernel, grid, args, kwargs)[0]
     active = driver.active
     device = active.get_current_device()  # what JITFunction.run keys its caches on
-    # _checks.MAX_SHARED: a kernel fitted under another limit is not the one to launch.
+    # _device.MAX_SHARED: a kernel fitted under another limit is not the one to launch.
     passed = [] if POINTERS_AS_INTS else None
-    key = specialization_key(args, (device, _checks.MAX_SHARED, *kwargs.items()), passed)
+    key = specialization_key(args, (device, _device.MAX_SHARED, *kwargs.items()), passed)
     if key is None:
         return _fitted(kernel, grid, args, kwargs)[0]
     try:

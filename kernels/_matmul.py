@@ -14,12 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import (INTERPRETER_SM_COUNT, cdiv, check_pow2, check_same, check_tensor,
-                      check_warps, empty, has_tma, next_pow2, sm_count_of)
+from ._buffers import empty
+from ._checks import check_pow2, check_same, check_tensor, check_warps
+from ._device import INTERPRETER_SM_COUNT, has_tma, sm_count_of
+from ._tiles import cdiv, next_pow2
 from ._plans import plan_strides
 from ._launch import descriptor, launch
-from ._checks import dot as _dot
-from ._checks import upcast_bf16 as _upcast_bf16
+from ._dot import dot as _dot
+from ._dot import upcast_bf16 as _upcast_bf16
 
 PRECISIONS = ("ieee", "tf32")
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh")
@@ -253,9 +255,9 @@ class GemmConfig(NamedTuple):
 
 def gemm_config(M, N, K, dtype, precision, sm_count=INTERPRETER_SM_COUNT) -> GemmConfig:
     """Default tiles of the matmul kernel: the tutorial's H100 fp16 config (128x256x64, 8 warps,
-    3 stages), half as deep for tf32 (twice the bytes an element: 128x256x32, 0.438 ms at 4096^3
-    on the H100 against 0.558 for 128x128x32), a 64x128 FMA tile for IEEE float32. Clamped to the
-    problem, then halved while the grid would not fill the SMs."""
+    3 stages), half as deep for tf32 (twice the bytes an element: 128x256x32, faster than
+    128x128x32; docs/linear_act.md), a 64x128 FMA tile for IEEE float32. Clamped to the problem,
+    then halved while the grid would not fill the SMs."""
     if dtype != torch.float32:
         bm, bn, bk, warps = 128, 256, 64, 8
     elif precision == "tf32":
@@ -368,10 +370,9 @@ def tma_specs(x, weight, strides, out_strides, blocks) -> tuple:
 def tf32_copies(x, weight, precision) -> tuple:
     """(copy x, copy weight) before a tf32 dot of x (M, K) by weight (K, N). Hopper's tf32 wgmma
     takes both operands K-major only: with a K-strided operand (x transposed, or weight stored
-    (K, N) row-major) Triton falls back to a path 3x slower (82 against 248 TFLOP/s at 4096^3 on
-    an H100, docs/linear_act.md), so such an operand is first copied K-contiguous (`k_major`: a
-    copy of its size, ~0.04 ms for 4096^2 float32). 16-bit and IEEE operands are read as they
-    are."""
+    (K, N) row-major) Triton falls back to a path several times slower (docs/linear_act.md), so
+    such an operand is first copied K-contiguous (`k_major`: a copy of its size, far cheaper
+    than the slow path). 16-bit and IEEE operands are read as they are."""
     if x.dtype != torch.float32 or precision != "tf32" or x.shape[1] <= 1:
         return (False, False)
     return (x.stride(1) != 1, weight.stride(0) != 1)

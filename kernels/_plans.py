@@ -8,8 +8,9 @@ import torch
 import triton
 from triton import knobs
 
-from . import _checks
-from ._checks import _Parameter, _Tensor, _capability
+from . import _device
+from ._checks import _Parameter, _Tensor
+from ._device import _capability
 
 # ------------------------------------------------------------------------------------------------
 # Plans and checks, remembered. A public function checks its inputs and plans its launches on
@@ -20,7 +21,7 @@ from ._checks import _Parameter, _Tensor, _capability
 # Entries a cache holds; a full cache is emptied and refills.
 PLAN_CACHE_MAX = 4096
 _PLAN_CACHES: list[dict] = []
-_plans_made_with = None  # the (_checks.SM_COUNT_OVERRIDE, _checks.NO_TMA) the cached plans saw
+_plans_made_with = None  # the (_device.SM_COUNT_OVERRIDE, _device.NO_TMA) the cached plans saw
 
 
 def layout_key(tensors, options=()) -> tuple | None:
@@ -63,7 +64,7 @@ def plan_strides(t) -> tuple:
 
 
 def plan_cache() -> dict:
-    """A new cache for `cached` (emptied with the others when _checks.SM_COUNT_OVERRIDE or _checks.NO_TMA
+    """A new cache for `cached` (emptied with the others when _device.SM_COUNT_OVERRIDE or _device.NO_TMA
     changes)."""
     cache: dict = {}
     _PLAN_CACHES.append(cache)
@@ -73,14 +74,14 @@ def plan_cache() -> dict:
 def cached(cache: dict, key, compute, *args):
     """cache[key], else compute(*args), remembered under key.
 
-    compute must depend on nothing but what key holds, and on _checks.SM_COUNT_OVERRIDE and _checks.NO_TMA (a
+    compute must depend on nothing but what key holds, and on _device.SM_COUNT_OVERRIDE and _device.NO_TMA (a
     change empties every cache). It raises on inputs it refuses: nothing is remembered then, so
     such inputs raise on every call. A key of None, or one that cannot be hashed (symbolic sizes
     while tracing), computes every time."""
     global _plans_made_with
     if key is None:
         return compute(*args)
-    made_with = (_checks.SM_COUNT_OVERRIDE, _checks.NO_TMA)
+    made_with = (_device.SM_COUNT_OVERRIDE, _device.NO_TMA)
     if made_with != _plans_made_with:
         for c in _PLAN_CACHES:
             c.clear()
@@ -197,7 +198,7 @@ def _tuning_file(key, candidates, kernels, device) -> _TuningFile:
     plain_key = tuple(d.type if isinstance(d, torch.device) else d for d in key)
     parts = [triton_key(), repr(gpu), *sources,
              repr(sorted(get_cache_invalidating_env_vars().items())),
-             repr((_checks.SM_COUNT_OVERRIDE, _checks.NO_TMA, _checks.MAX_SHARED)), repr(plain_key),
+             repr((_device.SM_COUNT_OVERRIDE, _device.NO_TMA, _device.MAX_SHARED)), repr(plain_key),
              *(repr(c) for c in candidates)]
     return _TuningFile(hashlib.sha256("-".join(parts).encode()).hexdigest(), candidates)
 

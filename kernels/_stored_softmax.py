@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import empty, next_pow2
+from ._buffers import empty
+from ._tiles import next_pow2
 from ._launch import launch
 
 NEG_INF = tl.constexpr(float("-inf"))

@@ -10,9 +10,9 @@ MAX_REPS = 200  # calls of a tiny kernel (each after its sleep): enough for a me
 def time_ms(fn, warmup_ms: float = 5, rep_ms: float = 20) -> float:
     """Median ms of fn over back-to-back calls, each between CUDA events, for the tuners.
     Unlike triton.testing.do_bench, no L2 flush between calls: its 256 MB buffer made a
-    tuner's first call at a new shape allocate it (attention at 1x8x8192x64: 264 MiB at the first
-    forward + backward against 32 after, on an H100), and the candidates, compared on the same
-    inputs, see the same cache alike. Before each call the GPU is kept busy for ~50 us
+    tuner's first call at a new shape allocate it (several times a later call's peak memory;
+    docs/attention.md, "Tuner noise"), and the candidates, compared on the same inputs, see the
+    same cache alike. Before each call the GPU is kept busy for ~50 us
     (`torch.cuda._sleep`, no memory) so that the host has queued the call before its first event
     is reached: a kernel shorter than its launch's host time is timed, not the host."""
     fn()

@@ -9,6 +9,7 @@ from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels import _plans
 from triton_fusion_report.kernels.families.attention import forward as at
+from triton_fusion_report.kernels.families.attention import plan as atp
 
 DTYPES = [torch.float16, torch.bfloat16]
 # Fused: p is rounded to the input dtype before p @ v (as in FlashAttention), scores stay float32.
@@ -94,9 +95,9 @@ def test_without_tma(layout, causal, device, monkeypatch):
     """The path of GPUs without TMA (before Hopper), forced with NO_TMA: plain masked loads at
     the tensors' own strides (views read in place, no copy), any head_dim without host padding;
     the same results as the descriptor path, against float64."""
-    from triton_fusion_report.kernels import _checks
+    from triton_fusion_report.kernels import _device
 
-    monkeypatch.setattr(_checks, "NO_TMA", True)
+    monkeypatch.setattr(_device, "NO_TMA", True)
     if layout == "qkv_views":
         q, k, v = _views_of_one_projection(2, 37, 2, 32, device)
     elif layout == "grouped_kv_cache":
@@ -104,7 +105,7 @@ def test_without_tma(layout, causal, device, monkeypatch):
         k, v = (torch.randn(1, 2, 45, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
     else:
         q, k, v = qkv((2, 2, 37, 20 if layout == "head_dim_20" else 80), torch.float16, device)
-    plan = at._plan(q, k, v, causal, 0.1, (32, 16, None, None), False)
+    plan = atp._plan(q, k, v, causal, 0.1, (32, 16, None, None), False)
     assert plan.route == "main" and not plan.host
     out = at.triton_fused(q, k, v, causal, block_m=32, block_n=16)
     assert out.is_contiguous() and out.shape == q.shape
@@ -124,7 +125,7 @@ def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
     _attn_fwd's MODE 2 (strides from the sizes), views through _attn_fwd_pointers (their own
     strides), head dims not a multiple of 8 without the host's padding. The first call and the
     steady path after it agree with float64, with and without the log-sum-exp."""
-    monkeypatch.setattr(at, "TMA_FROM_FLOPS", 2**40)
+    monkeypatch.setattr(atp, "TMA_FROM_FLOPS", 2**40)
     for cache in ("_PLANS", "_TUNED_PLANS", "_CHECKED"):
         monkeypatch.setattr(at, cache, {})
     if layout == "qkv_views":
@@ -134,7 +135,7 @@ def test_small_problems_skip_descriptors(layout, causal, device, monkeypatch):
         k, v = (torch.randn(2, 2, 45, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
     else:
         q, k, v = qkv((2, 2, 37, 20 if layout == "head_dim_20" else 64), torch.float16, device)
-    plan = at._plan(q, k, v, causal, 0.1, (None,) * 4, False)
+    plan = atp._plan(q, k, v, causal, 0.1, (None,) * 4, False)
     assert plan.route == "main" and not plan.host
     assert plan.consts.get("MODE") == (None if layout == "qkv_views" else 2)
     want = ref64(q, k, v, causal)
@@ -167,7 +168,7 @@ def test_tuned_launch(causal, device, monkeypatch):
         runs.append(1)
         return float(len(runs))  # the first candidate is the fastest
 
-    monkeypatch.setattr(at, "interpreting", lambda: False)
+    monkeypatch.setattr(atp, "interpreting", lambda: False)
     monkeypatch.setattr(at, "_bench", one_run)
     monkeypatch.setattr(at, "_TUNED", {})
     monkeypatch.setattr(at, "_PLANS", {})  # plans made under the interpreter use fixed configs
@@ -176,13 +177,13 @@ def test_tuned_launch(causal, device, monkeypatch):
     out = kernels.attention(q, k, v, causal=causal)
     # seq 100 prunes the 128-row configs: two 64-row ones are left, timed in rounds
     assert len(runs) == 2 * _plans.TUNING_ROUNDS
-    assert list(at._TUNED.values()) == [at.CONFIGS[4]]
+    assert list(at._TUNED.values()) == [atp.CONFIGS[4]]
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
     q, k, v = qkv((1, 2, 120, 64), torch.float16, device)  # same bucket (128): no tuning
     assert rel_err(kernels.attention(q, k, v, causal=causal), ref64(q, k, v, causal)) <= \
         FUSED_TOL[torch.float16]
     assert len(runs) == 2 * _plans.TUNING_ROUNDS
-    assert at.seq_bucket(100) == at.seq_bucket(128) == 128 < at.seq_bucket(129)
+    assert atp.seq_bucket(100) == atp.seq_bucket(128) == 128 < atp.seq_bucket(129)
 
 
 @pytest.mark.parametrize("causal", [False, *full(True)])
@@ -528,9 +529,9 @@ def test_cached_checks_still_refuse(device):
 def test_climbing_scores_match_float64(causal, no_tma, device, monkeypatch):
     """Scores that climb along the keys (the running max grows at every tile), grouped heads,
     odd lengths (a partial key tile, a diagonal), and the log-sum-exp the backward reads."""
-    from triton_fusion_report.kernels import _checks
+    from triton_fusion_report.kernels import _device
 
-    monkeypatch.setattr(_checks, "NO_TMA", no_tma)
+    monkeypatch.setattr(_device, "NO_TMA", no_tma)
     monkeypatch.setattr(at, "_PLANS", {})
     monkeypatch.setattr(at, "_TUNED_PLANS", {})
     q, k, v = qkv((1, 4, 40, 16), torch.float16, device)
@@ -565,8 +566,8 @@ def test_warp_specialised_kernel(dtype, shape, kv_heads, sm_scale, lse, device):
     out = torch.full_like(q, float("nan"))
     lse_out = torch.full((batch * heads, seq), float("nan"), device=device) if lse else None
     scale = at.default_scale(head_dim) if sm_scale is None else sm_scale
-    consts = dict(UPCAST=at._upcast_bf16(dtype), SCALE_POS=scale >= 0, STORE_LSE=lse)
-    at._launch_ws(q, k, v, out, lse_out, scale, at.WS_CONFIG, consts)
+    consts = dict(UPCAST=atp._upcast_bf16(dtype), SCALE_POS=scale >= 0, STORE_LSE=lse)
+    at._launch_ws(q, k, v, out, lse_out, scale, atp.WS_CONFIG, consts)
     group = heads // kv_heads
     kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
     assert rel_err(out, ref64(q, kr, vr, False, scale)) <= FUSED_TOL[dtype]
@@ -683,7 +684,7 @@ def test_tuning_may_pick_the_gluon_kernel_on_hopper(monkeypatch):
     monkeypatch.setattr(at._gluon, "launch_kernel", counting)  # the Gluon module's own launch
     q, k, v = qkv((2, 16, 1024, 128), torch.float16, "cuda")
     for causal in (False, True):
-        plan = at._plan(q, k, v, causal, 0.1, (None,) * 4, False)
+        plan = atp._plan(q, k, v, causal, 0.1, (None,) * 4, False)
         assert plan.gluon and plan.tune_key[-1] is True
         for steady in (False, True):  # the first call (it tunes), then the steady path
             launched.clear()
@@ -692,7 +693,7 @@ def test_tuning_may_pick_the_gluon_kernel_on_hopper(monkeypatch):
             assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
             _, want = at.triton_fused(q, k, v, causal, return_lse=True, _kernel="tl")
             assert (lse - want).abs().max() <= 1e-3 * want.abs().max() + 1e-3
-    assert {cfg for key, cfg in at._TUNED.items() if key[-1]} == {at.GLUON_CONFIG}
+    assert {cfg for key, cfg in at._TUNED.items() if key[-1]} == {atp.GLUON_CONFIG}
 
 
 def _gluon_inputs(q_shape=(1, 4, 128, 64), kv_shape=(1, 2, 256, 64), dtype=torch.float16):
@@ -755,8 +756,8 @@ def test_plan_off_sm90_never_picks_gluon(causal, device, monkeypatch):
 
     q, k, v = qkv((1, 2, 128, 64), torch.float16, device)
     assert not at._gluon.applies(q, k, v, causal)
-    plan = at._plan(q, k, v, causal, 0.125, (None,) * 4, False)
-    assert not plan.gluon and plan.cfg != at.GLUON_CONFIG
+    plan = atp._plan(q, k, v, causal, 0.125, (None,) * 4, False)
+    assert not plan.gluon and plan.cfg != atp.GLUON_CONFIG
     with pytest.raises(ValueError, match="Gluon") as refused:
         at.triton_fused(q, k, v, causal, _kernel="gluon")
     assert classify(refused.value) == "unsupported"
@@ -767,17 +768,18 @@ def test_plan_off_sm90_never_picks_gluon(causal, device, monkeypatch):
         timed.append(gluon)
         return real_tune(key, seq, run, device_, ws, gluon)
 
-    for name, value in (("interpreting", lambda: False), ("_bench", lambda fn: 1.0),
-                        ("_TUNED", {}), ("_PLANS", {}), ("_TUNED_PLANS", {}), ("_tune", recorded),
-                        ("TMA_FROM_FLOPS", 0)):
+    for name, value in (("interpreting", lambda: False), ("TMA_FROM_FLOPS", 0)):
+        monkeypatch.setattr(atp, name, value)
+    for name, value in (("_bench", lambda fn: 1.0), ("_TUNED", {}), ("_PLANS", {}),
+                        ("_TUNED_PLANS", {}), ("_tune", recorded)):
         monkeypatch.setattr(at, name, value)
     # Refused for the device (no sm_90), not for the interpreter.
     monkeypatch.setattr(at._gluon, "interpreting", lambda: False)
     assert at._gluon.refusal(q, k, v, causal) in ("not an sm_90 GPU", at._gluon.MISSING)
-    plan = at._plan(q, k, v, causal, 0.125, (None,) * 4, False)
+    plan = atp._plan(q, k, v, causal, 0.125, (None,) * 4, False)
     assert plan.tune_key is not None and not plan.gluon and plan.tune_key[-1] is False
     out = kernels.attention(q, k, v, causal=causal)
-    assert timed == [False] and at.GLUON_CONFIG not in at._TUNED.values()
+    assert timed == [False] and atp.GLUON_CONFIG not in at._TUNED.values()
     assert rel_err(out, ref64(q, k, v, causal)) <= FUSED_TOL[torch.float16]
 
 
@@ -820,20 +822,21 @@ def test_tuning_may_pick_the_gluon_kernel(device, monkeypatch):
         runs.append(1)
         return 0.5 if len(gluon_runs) > before else 1.0
 
-    for name, value in (("interpreting", lambda: False), ("_bench", gluon_fastest),
-                        ("_TUNED", {}), ("_PLANS", {}), ("_TUNED_PLANS", {}), ("launch", launch),
-                        ("TMA_FROM_FLOPS", 0)):
+    for name, value in (("interpreting", lambda: False), ("TMA_FROM_FLOPS", 0)):
+        monkeypatch.setattr(atp, name, value)
+    for name, value in (("_bench", gluon_fastest), ("_TUNED", {}), ("_PLANS", {}),
+                        ("_TUNED_PLANS", {}), ("launch", launch)):
         monkeypatch.setattr(at, name, value)
     monkeypatch.setattr(gluon, "applies", lambda q, k, v, causal, capability=None: True)
     monkeypatch.setattr(gluon, "refusal", lambda q, k, v, causal, capability=None: None)
     monkeypatch.setattr(gluon, "launch_kernel", launch)  # gluon.launch's, as the plan calls it
     q = torch.randn(1, 4, 128, 64, device=device, dtype=torch.float16)
     k, v = (torch.randn(1, 2, 256, 64, device=device, dtype=torch.float16) for _ in range(2))
-    plan = at._plan(q, k, v, True, 0.125, (None,) * 4, False)
+    plan = atp._plan(q, k, v, True, 0.125, (None,) * 4, False)
     assert plan.gluon and plan.tune_key[-1] is True
     out = kernels.attention(q, k, v, causal=True)
     # six CONFIGS (no 128-row one pruned: 128 queries) and GLUON_CONFIG, each timed every round
-    assert list(at._TUNED.values()) == [at.GLUON_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
+    assert list(at._TUNED.values()) == [atp.GLUON_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
     assert rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.float16]
     for _ in range(2):  # the steady path, with the log-sum-exp as the backward takes it
         n = len(gluon_runs)
@@ -846,7 +849,7 @@ def test_tuning_may_pick_the_gluon_kernel(device, monkeypatch):
     n = len(gluon_runs)
     out = at.triton_fused(q, k, v, True, _kernel="tl")
     assert len(gluon_runs) == n and rel_err(out, ref64(q, k, v, True)) <= FUSED_TOL[torch.float16]
-    assert at._plan(q, k, v, True, 0.125, (None,) * 4, False, "tl").tune_key[-1] is False
+    assert atp._plan(q, k, v, True, 0.125, (None,) * 4, False, "tl").tune_key[-1] is False
 
 
 def test_bench_times_each_forward_kernel_alone(device):  # the bench's device
@@ -881,8 +884,9 @@ def test_a_problem_under_tma_from_flops_is_not_tuned(device, monkeypatch):
     def never(fn):
         raise AssertionError("a small problem was tuned")
 
-    for name, value in (("interpreting", lambda: False), ("_bench", never), ("_TUNED", {}),
-                        ("_PLANS", {}), ("_TUNED_PLANS", {}), ("TMA_FROM_FLOPS", 2**32)):
+    for name, value in (("interpreting", lambda: False), ("TMA_FROM_FLOPS", 2**32)):
+        monkeypatch.setattr(atp, name, value)
+    for name, value in (("_bench", never), ("_TUNED", {}), ("_PLANS", {}), ("_TUNED_PLANS", {})):
         monkeypatch.setattr(at, name, value)
     q, k, v = qkv((1, 2, 100, 64), torch.float16, device)
     for causal in (False, True):
@@ -908,14 +912,16 @@ def test_tuning_may_pick_the_warp_specialised_kernel(device, monkeypatch):
         runs.append(1)
         return 0.5 if len(ws_runs) > before else 1.0
 
-    for name, value in (("interpreting", lambda: False), ("_bench", ws_fastest), ("_TUNED", {}),
-                        ("_PLANS", {}), ("_TUNED_PLANS", {}), ("_launch_ws", counted),
+    for name, value in (("interpreting", lambda: False),
                         ("_ws_applies", lambda q, k, v, causal, strided: not causal)):
+        monkeypatch.setattr(atp, name, value)
+    for name, value in (("_bench", ws_fastest), ("_TUNED", {}), ("_PLANS", {}),
+                        ("_TUNED_PLANS", {}), ("_launch_ws", counted)):
         monkeypatch.setattr(at, name, value)
     q, k, v = qkv((1, 2, 128, 128), torch.float16, device)
     out = kernels.attention(q, k, v)
     # six CONFIGS and WS_CONFIG, each timed in every round
-    assert list(at._TUNED.values()) == [at.WS_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
+    assert list(at._TUNED.values()) == [atp.WS_CONFIG] and len(runs) == 7 * _plans.TUNING_ROUNDS
     assert rel_err(out, ref64(q, k, v)) <= FUSED_TOL[torch.float16]
     out2 = kernels.attention(q, k * 0.5, v)  # the steady path, same layout
     assert len(at._TUNED_PLANS) == 1 and rel_err(out2, ref64(q, k * 0.5, v)) <= FUSED_TOL[torch.float16]

@@ -1,9 +1,10 @@
-"""The checks and launch settings every family shares (kernels/_checks.py, _plans.py)."""
+"""The checks, allocation, device facts and launch settings every family shares (kernels/_checks.py,
+_buffers.py, _device.py, _plans.py)."""
 import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _plans
+from triton_fusion_report.kernels import _buffers, _checks, _device, _plans
 
 
 @pytest.mark.parametrize("value", [0, 8, 17, 100, 16.0, True, "32", None])
@@ -28,8 +29,8 @@ def test_check_warps(value):
 def test_sm_count_is_the_devices_or_the_named_stand_in(device):
     if device.type == "cuda":
         expected = torch.cuda.get_device_properties(device).multi_processor_count
-        assert _checks.sm_count_of(device) == expected
-    assert _checks.sm_count_of(None) == _checks.sm_count_of("cpu") == _checks.INTERPRETER_SM_COUNT
+        assert _device.sm_count_of(device) == expected
+    assert _device.sm_count_of(None) == _device.sm_count_of("cpu") == _device.INTERPRETER_SM_COUNT
 
 
 def test_no_module_carries_an_ops_name():
@@ -45,15 +46,15 @@ def test_no_module_carries_an_ops_name():
 
 
 def test_scratch_is_reused_per_shape_and_poisoned_when_asked(device):
-    t, views = _checks.scratch((2, 3, 5), torch.float32, device)
-    again, views_again = _checks.scratch((2, 3, 5), torch.float32, device)
+    t, views = _buffers.scratch((2, 3, 5), torch.float32, device)
+    again, views_again = _buffers.scratch((2, 3, 5), torch.float32, device)
     assert again is t and views_again is views and len(views) == 2
     assert views[1].data_ptr() == t.data_ptr() + 15 * 4
-    other, _ = _checks.scratch((2, 3, 6), torch.float32, device)
+    other, _ = _buffers.scratch((2, 3, 6), torch.float32, device)
     assert other.data_ptr() != t.data_ptr()
-    with _checks.poisoned_outputs():
+    with _buffers.poisoned_outputs():
         t.zero_()
-        assert torch.isnan(_checks.scratch((2, 3, 5), torch.float32, device)[0]).all()
+        assert torch.isnan(_buffers.scratch((2, 3, 5), torch.float32, device)[0]).all()
 
 
 def test_layer_norm_backward_twice_with_a_reused_scratch(device):

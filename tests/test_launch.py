@@ -18,7 +18,7 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch
+from triton_fusion_report.kernels import _device, _launch
 
 from conftest import tool
 
@@ -601,7 +601,7 @@ def test_every_op_runs_the_same_through_the_public_path(device, internals_ran, m
     descriptors; tools/host_proxy.py --check-public, below, compares the launches of compiled
     kernels.)"""
     monkeypatch.setattr(_launch, "FAST_LAUNCH", True)
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 1)  # matmuls of one tile take TMA
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 1)  # matmuls of one tile take TMA
     cases = _public_op_cases(device)
     fast, descriptors = {}, {}
     for name, op, inputs in cases:
@@ -612,7 +612,7 @@ def test_every_op_runs_the_same_through_the_public_path(device, internals_ran, m
         # (the interpreter copies each descriptor argument through the constructor)
         descriptors[name] = (internals_ran["_unchecked_descriptor"],
                              internals_ran["TensorDescriptor.__post_init__"])
-    if _checks.interpreting():  # (on a GPU, small attention problems skip TMA)
+    if _device.interpreting():  # (on a GPU, small attention problems skip TMA)
         assert all(descriptors[n][0] for n in ("softmax_matmul", "attention", "matmul_softmax",
                                                "linear_act")), descriptors
     monkeypatch.setattr(_launch, "MIRRORS_TRITON", False)

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _plans
+from triton_fusion_report.kernels import _device, _plans
 from triton_fusion_report.kernels.families import layer_norm as ln
 from triton_fusion_report import kernels as ops
 from triton_fusion_report.kernels.families.layer_norm import backward as lnb
@@ -135,7 +135,7 @@ def test_backward_looping(affine, n, dtype, device):
 def test_few_programs(n, dtype, sms, device, monkeypatch):
     """With the SM count set to 1 or 3, the persistent forward's programs loop over several row
     tiles (prefetching the next) and the backward's groups span many rows and tiles."""
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", sms)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", sms)
     x, w, b = make((45, n), dtype, device)
     dy = torch.randn(45, n, device=device).to(dtype)
     got = grads(ln.triton_fused, x, w, b, dy)
@@ -156,7 +156,7 @@ def test_few_programs(n, dtype, sms, device, monkeypatch):
 def test_bwd_groups_is_what_backward_uses(rows, n, sms, device, monkeypatch):
     """bwd_groups(rows) (the traffic model's partial-sum rows) is the partial buffer's size,
     whether the SMs or the rows (MIN_ROWS_PER_GROUP each) limit it."""
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", sms)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", sms)
     shapes = []
 
     def spy(shape, dtype, dev):

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch
+from triton_fusion_report.kernels import _buffers, _device, _launch
 from triton_fusion_report.kernels.families import linear_act as la
 from triton_fusion_report.kernels import _matmul as mc
 from triton_fusion_report.kernels.families import matmul_softmax as sr
@@ -210,7 +210,7 @@ def test_matmul_softmax_split_k(dtype, device, monkeypatch):
     """split_k: two K slices, the second shorter and ending in a partial K tile (K = 300: 10 tiles
     of 32, slices of 160 and 140), x transposed (K strided), a strided bias, several class tiles
     (C = 300 by 128); poisoned outputs."""
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 2)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 2)
     monkeypatch.setattr(sr, "empty", lambda shape, dt, dev: torch.full(shape, float("nan"),
                                                                       dtype=dt, device=dev))
     B, K, C = 20, 300, 300
@@ -259,7 +259,7 @@ def test_matmul_softmax_default_split_k_matches_float64(device, monkeypatch):
                                                                       dtype=dt, device=dev))
     B, K, C = 48, 1100, 330
     assert sr.matmul_softmax_plan(B, K, C, torch.float32, sm_count=132).method == "split_k"
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 132)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 132)
     x, w, b = ms_inputs(B, K, C, torch.float32, device)
     check_probs(sr.matmul_softmax_fused(x, w, b), x, w, b, TOL["ieee"])
 
@@ -412,7 +412,7 @@ def test_tma_matmul_matches_float64(dtype, x_t, w_t, split, flatten, device, mon
     """The persistent TMA kernel (sm_90+, and the interpreter): partial M and N tiles with
     16-byte rows, both operand layouts, several tiles per program (3 programs, 15 tiles), a partial K
     tile (K=48 with 32-deep tiles), the split store; poisoned outputs catch an unwritten tile."""
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 3)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 3)
     M, K, N = 72, 48, 40
     x = torch.randn(K, M, device=device).t() if x_t else torch.randn(M, K, device=device)
     w = torch.randn(N, K, device=device).t() if w_t else torch.randn(K, N, device=device)
@@ -433,7 +433,7 @@ def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
     """matmul+softmax's tensor-core methods through the persistent TMA kernels: several tiles
     per program, a partial class tile and (but "tiled", which takes TMA from K = 256) a partial K
     tile, both weight layouts."""
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 3)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 3)
     B, K, C = (72, 256, 96) if method == "tiled" else (72, 48, 600)
     x, w, b = ms_inputs(B, K, C, dtype, device)
     if w_t:
@@ -458,7 +458,7 @@ def test_tma_matmul_falls_back(device, monkeypatch):
     names = _kernels_run(monkeypatch)
     x, w, b = la_inputs(34, 64, 48, torch.float16, device)
     assert mc.gemm_launch(x, w, b, (48, 1), "relu", "tf32", *[None] * 6).tma is None  # 132 SMs
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 1)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 1)
     assert mc.gemm_launch(x, w, b, (48, 1), "relu", "tf32", *[None] * 6).tma.grid == (1,)
     x, w, b = la_inputs(33, 70, 50, torch.float16, device)  # 140-byte rows
     assert mc.gemm_launch(x, w, b, (50, 1), "relu", "tf32", *[None] * 6).tma is None
@@ -629,7 +629,7 @@ def test_store_softmax_is_the_matmul_then_the_softmax_in_place(device, monkeypat
         monkeypatch.setattr(stored_softmax, "launch", sr.launch)  # the spy
         allocated, softmaxed = [], []
         for module in (sr, stored_softmax):
-            monkeypatch.setattr(module, "empty", lambda *a: allocated.append(a) or _checks.empty(*a))
+            monkeypatch.setattr(module, "empty", lambda *a: allocated.append(a) or _buffers.empty(*a))
         monkeypatch.setattr(sr, "softmax_rows", lambda t, o=None, **kw: softmaxed.append(
             (t.data_ptr(), None if o is None else o.data_ptr()))
             or stored_softmax.softmax_rows(t, o, **kw))

@@ -9,7 +9,7 @@ import torch
 import triton
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch
+from triton_fusion_report.kernels import _device, _launch
 from triton_fusion_report.kernels.families.attention import forward as flash_attention
 from triton_fusion_report.kernels.families import softmax_matmul as softmax_v
 
@@ -56,8 +56,8 @@ def test_every_op_on_a_consumer_card_profile(monkeypatch):
     """NO_TMA and 99 KB of shared memory a block on this GPU: the deepest-pipelined plans (d3 =
     512 for softmax(X)@V, head_dim 128 attention, 128 x 256 matmul tiles) still run, and agree
     with float64."""
-    monkeypatch.setattr(_checks, "NO_TMA", True)
-    monkeypatch.setattr(_checks, "MAX_SHARED", CONSUMER_CARD_SHARED)
+    monkeypatch.setattr(_device, "NO_TMA", True)
+    monkeypatch.setattr(_device, "MAX_SHARED", CONSUMER_CARD_SHARED)
     monkeypatch.setattr(flash_attention, "_TUNED", {})
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels import _checks, _launch, _plans
+from triton_fusion_report.kernels import _device, _launch, _plans
 from triton_fusion_report.kernels.families import add_mul as ew
 from triton_fusion_report.kernels.families.attention import forward as fa
 from triton_fusion_report.kernels.families import layer_norm as ln
@@ -60,7 +60,7 @@ def test_cached_remembers_results_not_errors():
 def test_sm_count_override_empties_the_caches(monkeypatch):
     cache = _plans.plan_cache()
     _plans.cached(cache, "k", lambda: 1)
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 3)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 3)
     assert _plans.cached(cache, "k", lambda: 2) == 2
 
 

@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from triton_fusion_report import kernels
-from triton_fusion_report.kernels._checks import interpreting
+from triton_fusion_report.kernels._device import interpreting
 
 from conftest import FULL, TOL, fast_cases, full, rel_err
 
 from triton_fusion_report.kernels.families.softmax import forward as sm
+from triton_fusion_report.kernels.families.softmax import planning as smp
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # length 1, odd, a power of two and one past it, a multiple of a tile plus a remainder
@@ -67,7 +68,7 @@ def test_unfused_tiles(block, dtype, device):
 def test_long_rows(kw, dtype, device):
     """70,001 columns: past MAX_ONE_PASS, so the default plan loops (split, for so few rows)."""
     x = rand((2, 70_001), dtype, device)
-    assert sm.plan(2, 70_001).path == sm.SPLIT
+    assert smp.plan(2, 70_001).path == smp.SPLIT
     assert rel_err(sm.triton_fused(x, **kw), ref64(x)) <= 2 * TOL[dtype]
 
 
@@ -154,40 +155,52 @@ def test_split_path_on_empty_rows(device):
 
 
 def test_plan(device):
-    assert sm.plan(4096, 1024) == sm.Plan(sm.ONE_PASS, 1024, 1, 1, 1024)
+    assert smp.plan(4096, 1024) == smp.Plan(smp.ONE_PASS, 1024, 1, 1, 1024)
     # One-pass warps: one per 1024 elements where rows outnumber the SMs (16-bit: at least 2),
     # one per 256 for fewer rows; given warps win.
-    assert [sm.plan(4096, w, itemsize=2).num_warps for w in (768, 4096, 32768)] == [2, 4, 16]
-    assert sm.plan(8, 4096).num_warps == 16 and sm.plan(4096, 4096, num_warps=8).num_warps == 8
-    assert sm.plan(4096, sm.MAX_ONE_PASS).path == sm.ONE_PASS
-    assert sm.plan(4096, sm.MAX_ONE_PASS + 1).path == sm.ONLINE
+    assert [smp.plan(4096, w, itemsize=2).num_warps for w in (768, 4096, 32768)] == [2, 4, 16]
+    assert smp.plan(8, 4096).num_warps == 16 and smp.plan(4096, 4096, num_warps=8).num_warps == 8
+    assert smp.plan(4096, smp.MAX_ONE_PASS).path == smp.ONE_PASS
+    assert smp.plan(4096, smp.MAX_ONE_PASS + 1).path == smp.ONLINE
     # Wide rows: online while a row is at most ONLINE_MAX_ROW_BYTES, then coop (float32 only).
-    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4).path == sm.ONLINE
-    assert sm.plan(4096, sm.ONLINE_MAX_ROW_BYTES // 4 + 16).path == sm.COOP
-    assert sm.plan(4096, 262_144, itemsize=2).path == sm.ONLINE
-    assert sm.plan(4096, 262_144, path="online") == sm.Plan(sm.ONLINE, sm.ONLINE_BLOCK, 16, 1,
-                                                            262_144)
-    assert sm.plan(4096, 262_144, path="coop", splits=8) == sm.Plan(sm.COOP, sm.COOP_BLOCK, 16, 8,
-                                                                    32_768)
-    p = sm.plan(8, 262_144)  # 8 rows on 132 SMs: split each row
-    assert p.path == sm.SPLIT and p.splits > 1 and p.chunk % p.block == 0
+    assert smp.plan(4096, smp.ONLINE_MAX_ROW_BYTES // 4).path == smp.ONLINE
+    assert smp.plan(4096, smp.ONLINE_MAX_ROW_BYTES // 4 + 16).path == smp.COOP
+    assert smp.plan(4096, 262_144, itemsize=2).path == smp.ONLINE
+    assert smp.plan(4096, 262_144, path="online") == smp.Plan(smp.ONLINE, smp.ONLINE_BLOCK, 16,
+                                                              1, 262_144)
+    assert smp.plan(4096, 262_144, path="coop", splits=8) == smp.Plan(
+        smp.COOP, smp.COOP_BLOCK, 16, 8, 32_768)
+    p = smp.plan(8, 262_144)  # 8 rows on 132 SMs: split each row
+    assert p.path == smp.SPLIT and p.splits > 1 and p.chunk % p.block == 0
     assert (p.splits - 1) * p.chunk < 262_144 <= p.splits * p.chunk
     # Splits that would get no columns are dropped.
-    assert sm.plan(2, 100, path="split", block=16, splits=50).splits == 7
+    assert smp.plan(2, 100, path="split", block=16, splits=50).splits == 7
     # 16-bit rows on the online path: the largest tile leaving at most 15% of the padded row
     # masked; rows up to the smallest tile as before (the row's power of two).
-    assert sm.plan(4096, 1000, itemsize=2, path="online")[1:3] == (1024, 4)
-    assert sm.plan(4096, 0, itemsize=2, path="online")[1] == 16
-    assert sm.plan(4096, 50257, itemsize=2)[:3] == (sm.ONLINE, 8192, 8)
-    assert sm.plan(4096, 100_000, itemsize=2)[:3] == (sm.ONLINE, 16384, 16)
-    assert sm.plan(4096, 131_072, itemsize=2)[:3] == (sm.ONLINE, 32768, 16)
-    assert sm.plan(4096, 50257, itemsize=2, num_warps=4)[:3] == (sm.ONLINE, 8192, 4)
-    assert sm.plan(4096, 50257, itemsize=2, block=32768)[:3] == (sm.ONLINE, 32768, 16)
-    assert sm.plan(4096, 50257, itemsize=4)[1] == sm.ONLINE_BLOCK  # float32 keeps its tile
+    assert smp.plan(4096, 1000, itemsize=2, path="online")[1:3] == (1024, 4)
+    assert smp.plan(4096, 0, itemsize=2, path="online")[1] == 16
+    assert smp.plan(4096, 50257, itemsize=2)[:3] == (smp.ONLINE, 8192, 8)
+    assert smp.plan(4096, 100_000, itemsize=2)[:3] == (smp.ONLINE, 16384, 16)
+    assert smp.plan(4096, 131_072, itemsize=2)[:3] == (smp.ONLINE, 32768, 16)
+    assert smp.plan(4096, 50257, itemsize=2, num_warps=4)[:3] == (smp.ONLINE, 8192, 4)
+    assert smp.plan(4096, 50257, itemsize=2, block=32768)[:3] == (smp.ONLINE, 32768, 16)
+    assert smp.plan(4096, 50257, itemsize=4)[1] == smp.ONLINE_BLOCK  # float32 keeps its tile
     # Wide float32 rows go coop only where Triton can load them in vectors (COOP_ALIGN).
-    assert sm.plan(4096, 100000, itemsize=4).path == sm.COOP
-    assert sm.plan(4096, 100003, itemsize=4).path == sm.ONLINE
-    assert sm.plan(4096, 100004, itemsize=4).path == sm.ONLINE
+    assert smp.plan(4096, 100000, itemsize=4).path == smp.COOP
+    assert smp.plan(4096, 100003, itemsize=4).path == smp.ONLINE
+    assert smp.plan(4096, 100004, itemsize=4).path == smp.ONLINE
+    assert smp.plan(4096, 100000, row_stride=100008).path == smp.ONLINE
+    assert smp.plan(4096, 100000, aligned=False).path == smp.ONLINE
+    assert smp.plan(4096, 100000, aligned=False, splits=1).path == smp.COOP  # splits ask for coop
+    # The online kernel's VEC: 16-bit rows not already loaded in vectors, one row stride (out's
+    # rows are n_cols apart), an aligned base.
+    assert smp.plan(4096, 50257, itemsize=2).vec == 8
+    assert smp.plan(4096, 50264, itemsize=2).vec == 8  # a multiple of 8, not of 16
+    assert smp.plan(4096, 50272, itemsize=2).vec == 1  # whole vectors already
+    assert smp.plan(4096, 50257, itemsize=2, aligned=False).vec == 1
+    assert smp.plan(4096, 50257, itemsize=2, row_stride=50264).vec == 1
+    assert smp.plan(4096, 50257, itemsize=4).vec == 1
+    assert smp.plan(4096, 1000, itemsize=2).vec == 1  # one_pass
 
 
 @pytest.mark.parametrize(
@@ -268,29 +281,30 @@ def test_coop_path(shape, dtype, block, device):
 def test_coop_splits():
     # Chunks of at most COOP_BLOCK, a power of two of them, no more than MAX_COOP_SPLITS.
     if interpreting():
-        assert sm.coop_splits(262_144, 4) == 1
+        assert smp.coop_splits(262_144, 4) == 1
         return
-    assert sm.coop_splits(262_144, 4) == 8
-    assert sm.coop_splits(70_000, 4) == 4
-    assert sm.coop_splits(1 << 24, 4) == sm.MAX_COOP_SPLITS
+    assert smp.coop_splits(262_144, 4) == 8
+    assert smp.coop_splits(70_000, 4) == 4
+    assert smp.coop_splits(1 << 24, 4) == smp.MAX_COOP_SPLITS
 
 
 def test_coop_only_for_rows_loaded_in_vectors(monkeypatch, device):
     """The default sends wide float32 rows to the coop kernel only where Triton loads them in
     vectors: width and row stride multiples of COOP_ALIGN, base 16-byte aligned; else online."""
-    from triton_fusion_report.kernels import _checks
+    from triton_fusion_report.kernels import _device
 
-    monkeypatch.setattr(_checks, "SM_COUNT_OVERRIDE", 4)
+    monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 4)
     launched = []
     monkeypatch.setattr(sm, "launch", lambda kernel, grid, *a, **k: launched.append(kernel))
-    n = sm.ONLINE_MAX_ROW_BYTES // 4 + sm.COOP_ALIGN
-    wide = torch.randn(8, n + sm.COOP_ALIGN, device=device)
+    n = smp.ONLINE_MAX_ROW_BYTES // 4 + smp.COOP_ALIGN
+    wide = torch.randn(8, n + smp.COOP_ALIGN, device=device)
     flat = torch.randn(8 * n + 1, device=device)
     coop, online = sm._softmax_coop_kernel, sm._softmax_online_kernel
     for x, kernel in ((wide[:, :n], coop), (wide[:, :n].contiguous(), coop),
                       (torch.randn(8, n + 3, device=device)[:, :n], online),  # row stride off 16
                       (torch.randn(8, n + 4, device=device), online),  # width off 16
-                      (flat[1:].view(8, n), online)):  # base off 16 bytes
+                      # One layout, its base aligned, then not: the plan cache tells them apart.
+                      (flat[:-1].view(8, n), coop), (flat[1:].view(8, n), online)):
         launched.clear()
         sm.triton_fused(x)
         assert launched == [kernel]
@@ -462,13 +476,15 @@ def test_rows_walked_in_aligned_vectors(dtype, n, device, monkeypatch):
     vec = 16 // size
     flat = rand((9 * n + 1,), dtype, device)
     aligned, shifted = flat[:-1].view(9, n), flat[1:].view(9, n)  # base 16-byte aligned / not
-    assert sm.aligned_vector(n, (n, n), (aligned, aligned)) == (
+    assert smp.aligned_vector(n, (n, n), (aligned, aligned)) == (
         vec if size == 2 and n % 16 else 1)
     # A multiple of 8 but not of 16 elements: Triton would not load it in vectors.
-    assert sm.aligned_vector(24, (24, 24), (flat, flat)) == (vec if size == 2 else 1)
-    assert sm.aligned_vector(n, (n, n), (shifted, aligned)) == 1
-    assert sm.aligned_vector(n, (n + 8, n), (aligned, aligned)) == 1
-    for x in (aligned, shifted):
+    assert smp.aligned_vector(24, (24, 24), (flat, flat)) == (vec if size == 2 else 1)
+    assert smp.aligned_vector(n, (n, n), (shifted, aligned)) == 1
+    assert smp.aligned_vector(n, (n + 8, n), (aligned, aligned)) == 1
+    for x in (aligned, shifted):  # one layout: the plan, and the cache, read the base too
+        assert sm._rows_plan(x, 16, None, "online", None)[3].vec == (
+            vec if size == 2 and n % 16 and x is aligned else 1)
         assert rel_err(sm.triton_fused(x, path="online", block=16), ref64(x)) <= 2 * TOL[dtype]
     y, dy = bwd_inputs((9, n), dtype, device)
     wide_dy = bwd_inputs((9, n + 3), dtype, device)[1]

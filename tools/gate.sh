@@ -18,7 +18,9 @@ if [ -z "$gpu" ]; then
   echo "gate: no CUDA GPU seen by $py: the gate runs on a GPU machine (CI runs the interpreter)"
   exit 2
 fi
-{ echo "gate: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit$dirty, $gpu"
+# The files under test, hashed: names the tree where git's record of it is stale (a copied tree).
+tree=$(find kernels tests tools -name '*.py' -o -name '*.sh' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
+{ echo "gate: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit$dirty, tree $tree, $gpu"
   $py -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}')"
 } | tee "$record"
 

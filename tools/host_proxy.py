@@ -295,7 +295,7 @@ def check_public_path() -> list[str]:
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from triton_fusion_report.kernels import _checks, _launch
+    from triton_fusion_report.kernels import _device, _launch
 
     knobs.runtime.interpret = True  # (the checks take CPU tensors)
     problems, calls, runs, internals, with_descriptors = [], [], [], [], []
@@ -321,7 +321,7 @@ def check_public_path() -> list[str]:
     saved = {name: getattr(_launch, name) for name in (
         "MIRRORS_TRITON", "FAST_LAUNCH", "POINTERS_AS_INTS", "_LAUNCHES", "specialization_key",
         "_unchecked_descriptor")}
-    sms = _checks.SM_COUNT_OVERRIDE
+    sms = _device.SM_COUNT_OVERRIDE
     with simulated_gpu(calls):
         JITFunction.run = counted
         _launch.POINTERS_AS_INTS = False  # tensors described by their layouts (check_fast_path)
@@ -329,7 +329,7 @@ def check_public_path() -> list[str]:
         _launch._LAUNCHES = Table(_launch._LAUNCHES)
         for name in ("specialization_key", "_unchecked_descriptor"):
             setattr(_launch, name, spy(name))
-        _checks.SM_COUNT_OVERRIDE = 1
+        _device.SM_COUNT_OVERRIDE = 1
         try:
             for name, fn in _cases():
                 _launch.MIRRORS_TRITON = True
@@ -361,7 +361,7 @@ def check_public_path() -> list[str]:
                                 "path went unchecked")
         finally:
             JITFunction.run = run
-            _checks.SM_COUNT_OVERRIDE = sms
+            _device.SM_COUNT_OVERRIDE = sms
             for name, value in saved.items():
                 setattr(_launch, name, value)
     return problems

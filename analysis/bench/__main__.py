@@ -82,7 +82,7 @@ def parse(argv=None):
         if (args.out / ".parts").exists():
             ap.error(f"{args.out} holds a stopped multi-worker bench (.parts): --resume continues it")
     if torch.device(args.device).type == "cpu":
-        from ...kernels._checks import interpreting
+        from ...kernels._device import interpreting
 
         if not interpreting():
             ap.error("no CUDA GPU here: the bench times kernels on a GPU (without one, "

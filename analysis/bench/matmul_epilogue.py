@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ...kernels.families import linear_act as la
 from ...kernels.families import matmul_softmax as sr
 from ...kernels.families.matmul_softmax.plan import MAX_SIMPLE_C, MAX_TILED_C
-from ...kernels._checks import sm_count_of
+from ...kernels._device import sm_count_of
 
 from ..model import traffic
 from . import peers

@@ -20,8 +20,9 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 import triton
 import triton.language as tl
 
-from .._checks import (cdiv, check_contiguous, check_pow2, check_same, check_tensor, check_warps,
-                       default_warps, empty_like)
+from .._buffers import empty_like
+from .._checks import check_contiguous, check_pow2, check_same, check_tensor, check_warps
+from .._tiles import cdiv, default_warps
 from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
 from .._autograd import NS, _direct, _empty_like_rows

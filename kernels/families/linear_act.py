@@ -13,7 +13,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .._checks import cdiv, check_pow2, default_warps, empty
+from .._buffers import empty
+from .._checks import check_pow2
+from .._tiles import cdiv, default_warps
 from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
 from .._matmul import (ACTIVATIONS, GemmLaunch, _activation_kernel, _check_operands, _gemm,

@@ -36,9 +36,12 @@ from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
 from .._autograd import NS, _direct
-from .._checks import check_pow2, check_same, check_tensor, empty, next_pow2
+from .._buffers import empty
+from .._checks import check_pow2, check_same, check_tensor
+from .._tiles import next_pow2
 from .._launch import launch
-from .softmax.forward import ONLINE_BLOCK, _online_step, half_online_tile
+from .softmax.forward import _online_step
+from .softmax.planning import ONLINE_BLOCK, half_online_tile
 
 REDUCTIONS = ("mean", "sum")
 CHUNK_BYTES = 256 * 2**20  # one chunk of logits (and their gradient, in place): at most this

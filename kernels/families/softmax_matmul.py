@@ -20,11 +20,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .._checks import cdiv, check_pow2, check_same, check_tensor, empty, has_tma, next_pow2
+from .._buffers import empty
+from .._checks import check_pow2, check_same, check_tensor
+from .._device import has_tma
+from .._tiles import cdiv, next_pow2
 from .._plans import cached, layout_key, plan_cache, plan_strides
 from .._launch import descriptor, launch
-from .._checks import dot as _dot
-from .._checks import upcast_bf16 as _upcast_bf16
+from .._dot import dot as _dot
+from .._dot import upcast_bf16 as _upcast_bf16
 from .._bmm import DOT_MIN, _bmm
 from .._stored_softmax import softmax_rows
 from .._autograd import NS, _direct

@@ -19,10 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import cdiv, empty, interpreting, next_pow2, scratch
+from ..._buffers import empty, scratch
+from ..._device import interpreting
+from ..._tiles import cdiv, next_pow2
 from ..._launch import launch
-from ..._checks import dot as _dot
-from ..._checks import upcast_bf16 as _upcast_bf16
+from ..._dot import dot as _dot
+from ..._dot import upcast_bf16 as _upcast_bf16
 
 
 @triton.jit
@@ -151,9 +153,8 @@ def default_blocks(head_dim: int) -> dict:
     if next_pow2(head_dim) > 128:
         one = dict(block_m=32, block_n=32, num_warps=4, num_stages=1)
         return dict(dkdv=one, dq=one)
-    # Measured at B4 S4096 fp16 on an H100 (docs/attention.md, "Measurements behind the
-    # constants"): dq gains from 128-query tiles (8 warps), dk/dv from a third stage at head_dim
-    # 64 only.
+    # dq gains from 128-query tiles (8 warps), dk/dv from a third stage at head_dim 64 only
+    # (docs/attention.md, "Measurements behind the constants").
     dq = dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
     if next_pow2(head_dim) <= 64:
         return dict(dkdv=dict(block_m=64, block_n=64, num_warps=4, num_stages=3), dq=dq)
@@ -178,7 +179,7 @@ def attention_backward(q, k, v, out, lse, dout, causal: bool, sm_scale: float, b
     block_d = max(16, next_pow2(head_dim))
     cfg = blocks or default_blocks(head_dim)
     # A temporary: reused across calls (an allocation on the autograd worker thread costs the
-    # host ~4x one on the main thread, _checks.scratch).
+    # host ~4x one on the main thread, _buffers.scratch).
     delta = scratch((batch * heads, seq), torch.float32, q.device)[0]
     strides = tuple(st for t in (q, k, v, dout) for st in t.stride()[:3])
     launch(_attn_bwd_preprocess, (cdiv(seq, 64), batch * heads), out, dout, delta, seq, heads,

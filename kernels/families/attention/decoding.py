@@ -21,11 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import cdiv, empty, interpreting, next_pow2, scratch, sm_count_of
+from ..._buffers import empty, scratch
+from ..._device import interpreting, sm_count_of
+from ..._tiles import cdiv, next_pow2
 from ..._plans import cached, layout_key, plan_cache, plan_strides
 from ..._launch import launch
-from ..._checks import dot as _dot
-from ..._checks import upcast_bf16 as _upcast_bf16
+from ..._dot import dot as _dot
+from ..._dot import upcast_bf16 as _upcast_bf16
 
 MAX_ROWS = 16  # seq_q * (heads / kv_heads) up to this: decoding (one query, a few with speculation)
 MIN_CHUNK = 256  # keys per split, at least
@@ -144,9 +146,9 @@ def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def default_splits(batch_kv_heads: int, seq_k: int, device) -> int:
-    """Enough programs to fill the SMs once, each with MIN_CHUNK keys at least. (Twice as many
-    was slower at batch 1 with 8 kv heads on an H100: 32 splits of 256 keys took 34 us at 8192
-    keys, 16 of 512 keys 29 us: each split pays a fixed cost and the merge reads every split.)"""
+    """Enough programs to fill the SMs once, each with MIN_CHUNK keys at least. (Not twice: each
+    split pays a fixed cost and the merge reads every split; docs/attention.md, "Decoding
+    splits".)"""
     if interpreting():
         return min(4, max(1, cdiv(seq_k, 16)))
     want = cdiv(sm_count_of(device), batch_kv_heads)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..._checks import _capability, interpreting
+from ..._device import _capability, interpreting
 from ..._launch import launch as launch_kernel
 from .kernels import _needs_allocator
 

@@ -7,8 +7,8 @@ import triton
 import triton.language as tl
 from triton.runtime import _allocation
 
-from ..._checks import dot as _dot
-from ..._checks import interpreting
+from ..._dot import dot as _dot
+from ..._device import interpreting
 
 
 def _torch_allocator(size: int, alignment: int, stream):

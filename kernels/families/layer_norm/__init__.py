@@ -24,9 +24,11 @@ import triton
 import triton.language as tl
 
 from . import backward as _bwd
-from ..._checks import (FLOAT_DTYPES, as_rows, cdiv, check_contiguous, check_pow2, check_same,
-                        check_tensor, check_warps, empty, empty_like, interpreting, is_fake,
-                        unfused_tile)
+from ..._buffers import empty, empty_like
+from ..._checks import (FLOAT_DTYPES, as_rows, check_contiguous, check_pow2, check_same,
+                        check_tensor, check_warps, is_fake)
+from ..._device import interpreting
+from ..._tiles import cdiv, unfused_tile
 from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
 from .backward import BWD_MAX_ONE_TILE, bwd_groups

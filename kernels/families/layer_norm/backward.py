@@ -29,7 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import cdiv, empty, empty_like, next_pow2, scratch, sm_count_of
+from ..._buffers import empty, empty_like, scratch
+from ..._device import sm_count_of
+from ..._tiles import cdiv, next_pow2
 from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
 

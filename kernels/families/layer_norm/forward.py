@@ -23,7 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import cdiv, default_warps, empty, next_pow2, sm_count_of
+from ..._buffers import empty
+from ..._device import sm_count_of
+from ..._tiles import cdiv, default_warps, next_pow2
 from ..._plans import fastest
 from ..._timer import time_ms
 from ..._launch import launch

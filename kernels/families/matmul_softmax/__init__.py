@@ -49,10 +49,13 @@ from typing import NamedTuple
 
 import torch
 
-from ..._checks import cdiv, check_pow2, empty, has_tma, sm_count_of
+from ..._buffers import empty
+from ..._checks import check_pow2
+from ..._device import has_tma, sm_count_of
+from ..._tiles import cdiv
 from ..._plans import cached, layout_key, plan_cache, plan_strides
 from ..._launch import descriptor, launch
-from ..._checks import upcast_bf16 as _upcast_bf16
+from ..._dot import upcast_bf16 as _upcast_bf16
 from ..._stored_softmax import softmax_rows
 from ..._matmul import (GROUP, _check_operands, _gemm, _precision, _pow2, gemm_launch, k_major,
                         operand_strides, run_gemm, tf32_copies, tma_specs)

@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..._checks import INTERPRETER_SM_COUNT, cdiv, check_pow2
+from ..._checks import check_pow2
+from ..._device import INTERPRETER_SM_COUNT
+from ..._tiles import cdiv
 from ..._matmul import PRECISIONS, _launch_opts, _precision_class, _pow2
 
 
@@ -18,21 +20,19 @@ METHODS = (SIMPLE, TILED, ONLINE, TWO_PASS_STORE, STORE_SOFTMAX, SPLIT_K)
 # Largest class tile each single-tile method accepts (after padding C to a power of two).
 MAX_SIMPLE_C = 1024
 MAX_TILED_C = 512
-# method=None recomputes the logits ("online") up to this K, else stores them (module docstring).
-# Half precision: "two_pass_store" won at K = 256 (2048 x 256 x 1000: 30 against 42 us device).
+# method=None recomputes the logits ("online") up to this K, else stores them (module docstring;
+# in half precision "two_pass_store" already wins at K = 256: docs/matmul_softmax.md).
 ONLINE_MAX_K = {"half": 128, "tf32": 256, "ieee": 64}
 # method=None stores the logits with "store_softmax" up to this C (the softmax's one-tile width:
 # each row read once), with "two_pass_store" above it.
 STORE_SOFTMAX_MAX_C = 16384
 # method=None takes "simple" up to this many multiply-adds (B * K * C): one launch, no tensor-core
-# staging and no operand copy. Measured on the H100 (sweep of 2026-11-25, per call): simple beat
-# tiled at 64x128x10 and 256x512x50 in every precision (e.g. fp16 10.9 against 44.5 us, tf32 4.8
-# against 58.5), tiled won from 1024x1024x100 (fp16 57.5 against 123.6) and at 65536x128x10.
+# staging and no operand copy, which beats "tiled" on small problems in every precision; tiled
+# wins from about 1024 x 1024 x 100 (docs/matmul_softmax.md).
 SIMPLE_MAX_WORK = 1 << 24
 # method=None takes "split_k" from this K when the method it would take fills fewer than half the
-# SMs with programs. Measured on the H100 (2026-11-25, device us): 512x4096x200 fp16 23.6 against
-# tiled's 192; 1024x1024x100 fp16 18.6 against 33.0, IEEE 18.5 against 29.6, TF32 17.4 against
-# 21.7; at K = 256 (2048x256x1000 fp16) a tie with two_pass_store (28.7 against 29.7).
+# SMs with programs: there K slices fill the GPU and win in every precision, while at K = 256 they
+# only tie with two_pass_store (docs/matmul_softmax.md).
 SPLIT_K_MIN_K = 1024
 SPLIT_K_MIN_SLICES = 4
 
@@ -123,11 +123,10 @@ def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, bl
         bc = c_pow2
         # 32768 float32 accumulators per program (the 128x256 of the tutorial's 8-warp config).
         bb = _pow2(B, 16, max(16, min(128, 32768 // bc)))
-        # One program per row block: with few rows, smaller blocks so the grid covers more SMs.
-        # Measured on the H100 (docs/matmul_softmax.md): float32 down to 16 rows (1024 x 1024 x
-        # 100: 114 -> 41 us); half precision down to 32 rows with 8 warps, for up to 128 classes
-        # (59 -> 34 us there; 4 warps: 67). At 256 classes the sweep measured 32 rows slower (512
-        # x 4096 x 200: 411 against 195 us), so wider tiles keep their rows.
+        # One program per row block: with few rows, smaller blocks so the grid covers more SMs:
+        # float32 down to 16 rows; half precision down to 32 rows with 8 warps, for up to 128
+        # classes. At 256 classes 32 rows were slower, so wider tiles keep their rows
+        # (docs/matmul_softmax.md).
         full_rows = bb
         while cdiv(B, bb) < sm_count and bb > (32 if half else 16) and (not half or bc <= 128):
             bb //= 2

@@ -20,15 +20,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._checks import as_rows, cdiv, check_same, empty, next_pow2, unfused_tile
+from ..._buffers import empty
+from ..._checks import as_rows, check_same
+from ..._tiles import cdiv, next_pow2, unfused_tile
 from ..._launch import launch
-from .forward import _row_bounds, aligned_vector
+from .forward import _row_bounds
+from .planning import aligned_vector
 
 MAX_ONE_TILE = 16384
 # Tiles of the two-pass kernel, 32 warps: float32 rows take the largest; 16-bit rows the largest
-# that leaves at most LOOP_MAX_PAD of the padded row masked. Measured on the H100 (4096 rows, us,
-# against the 4096-element tile this replaced): bf16 20000 wide 172 (231), 50257 466 (699),
-# 65536 626 (853); fp32 24000 397 (594), 50257 1412 (1668). docs/softmax.md has the sweep.
+# that leaves at most LOOP_MAX_PAD of the padded row masked (a half-masked last tile costs more
+# than a smaller tile; docs/softmax.md has the sweep).
 LOOP_TILES = (16384, 8192, 4096)
 LOOP_MAX_PAD = 0.15
 LOOP_WARPS = 32

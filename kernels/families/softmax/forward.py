@@ -5,23 +5,23 @@ of x's shape and dtype, is rounded once at the store.
 
 Unfused (three kernels) the row max and the row sum are separate passes over x and the
 exponentials are recomputed for the output: x is read three times and written once (4N element
-moves). Fused, `plan` picks one of four paths:
+moves). Fused, `plan` (in `planning`, with the thresholds it reads) picks one of four paths:
 
 - "one_pass": one program per row holds the whole row in registers: x read once, written once (2N).
-  Up to MAX_ONE_PASS elements: at 32768 and 16 warps ptxas gives 124 registers a thread (64 row
-  values each), no spills, the whole register file of an H100 SM for one program; twice the row
-  would spill at 16 warps and cannot launch at 32.
+  Up to MAX_ONE_PASS elements, the longest row 16 warps hold without spilling.
 - "online": one program per row loops over tiles keeping a running max m and sum s (rescaling s
   when m grows), then a second loop writes exp(x - m) / s: x read twice (3N). The second loop walks
   the tiles backwards, so the tiles read last, the likeliest still in L2, are read again first.
   The default for rows of up to ONLINE_MAX_ROW_BYTES (and for wide 16-bit rows, and float32 rows
   the coop kernel could not load in vectors): with one row per SM in flight, most of the second read
   comes from L2. 16-bit rows that are not whole vectors are walked in 16-byte aligned coordinates
-  (`aligned_vector`), so that their loads and stores stay vectorised.
-- "coop": longer float32 rows (a multiple of 16 wide, aligned: COOP_ALIGN). A persistent grid of one program per SM; each row is shared by a group of
-  programs that each hold a chunk in registers, exchange their partial (max, sum) through memory,
-  wait for each other at a per-row counter and write their chunk from registers: 2N, like
-  one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK elements.
+  (VEC, `vector_width`), so that their loads and stores stay vectorised.
+- "coop": longer float32 rows, where Triton loads them in vectors (COOP_ALIGN: a width and row
+  stride of 16-element multiples, an aligned base). A persistent grid of one program per SM; each
+  row is shared by a group of programs that each hold a chunk in registers, exchange their
+  partial (max, sum) through memory, wait for each other at a per-row counter and write their
+  chunk from registers: 2N, like one_pass, for rows of up to MAX_COOP_SPLITS * COOP_BLOCK
+  elements.
 - "split": for long rows and fewer rows than SMs, where one program per row would leave most of
   the GPU idle: several programs per row each reduce a chunk to a partial (max, sum), and a second
   kernel combines a row's partials and writes its chunk. Also 3N, but the whole GPU works; when the
@@ -32,83 +32,20 @@ An all -inf row gives NaN, as torch.softmax does (there is no max to subtract); 
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from ..._checks import (as_rows, cdiv, check_pow2, check_warps, default_warps, empty, empty_like,
-                        interpreting, next_pow2, sm_count_of, unfused_tile)
+from ..._buffers import empty, empty_like
+from ..._checks import as_rows
+from ..._device import interpreting, sm_count_of
+from ..._tiles import cdiv, next_pow2, unfused_tile
 from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
-
-# Longest row kept whole in registers by the one-pass kernel (see the module docstring).
-MAX_ONE_PASS = 32768
-# Default tile of the online kernel: 16 warps, 64 float32 a thread. Measured on the H100 (4096 x
-# 65536 fp32): 2.80 TB/s at 32768 against 2.28 at 16384 and 2.17 at 8192; a bigger tile keeps
-# more bytes in flight per SM, and a row of two tiles is re-read from L2.
-ONLINE_BLOCK = 32768
-# Rows up to this many bytes take the online kernel by default; longer float32 rows the coop path.
-# Measured on the H100, 4096 rows fp32 (ms, online / coop): 65536 wide 0.77 / 0.94, 70000 0.89 /
-# 1.23, 100000 1.37 / 1.37, 131072 1.86 / 1.64, 262144 4.06 / 3.37. 16-bit rows stay online: a
-# 32768-element chunk is only 64 KiB there, too few bytes in flight for one program per SM (fp16
-# 262144: online 2.18, coop 2.06 TB/s).
-ONLINE_MAX_ROW_BYTES = 384 * 1024
-# 16-bit rows longer than the smallest of these tiles, on the online path: the largest tile that
-# leaves at most this share of the padded row masked. Measured on the H100 (4096 rows fp16, us):
-# 50257 wide 454 with 8192 (8 warps) against 558 with 32768 (two tiles, the second 53% masked;
-# eager 388); 100000: 718 with 16384 against 773; 65536, 131072, 262144: 32768 within 5% of the
-# best.
-HALF_ONLINE_TILES = ((32768, 16), (16384, 16), (8192, 8))
-HALF_ONLINE_MAX_PAD = 0.15
-
-
-def half_online_tile(n_cols: int) -> tuple[int, int]:
-    """(block, num_warps) of the online path for a row of n_cols 16-bit elements."""
-    for block, warps in HALF_ONLINE_TILES:
-        padded = cdiv(n_cols, block) * block
-        if padded - n_cols <= HALF_ONLINE_MAX_PAD * padded:
-            return block, warps
-    return HALF_ONLINE_TILES[-1]
-
-
-# The coop kernel's register tile is loaded in 16-byte vectors only where Triton can prove the
-# rows aligned: a width and row stride that are multiples of 16 elements (what it hints an int
-# argument by) and an aligned base. Otherwise every load is one element and the tile took 10x the
-# time (H100, 4096 x 100003 fp32: 15.0 ms, 100004: 14.9, against online's 1.83 / 1.70 and
-# eager's 2.22): such rows take the online path.
-COOP_ALIGN = 16
-
-# Tile of the split path: smaller, so that a few long rows still make enough programs.
-SPLIT_BLOCK = 8192
-# The split path aims at this many programs per SM in all.
-SPLIT_PROGRAMS_PER_SM = 2
-
-ONE_PASS, ONLINE, SPLIT, COOP = "one_pass", "online", "split", "coop"
-PATHS = (ONE_PASS, ONLINE, SPLIT, COOP)
-# The coop path splits a row into chunks of at most COOP_BLOCK elements, so each chunk stays in
-# registers (one program per SM, like the one-pass kernel at MAX_ONE_PASS) and x is read once.
-# Rows too long for that (more than MAX_COOP_SPLITS chunks) loop over their chunks and read them
-# twice; then the chunks read by all programs at once are kept within COOP_L2_BUDGET bytes, so
-# the second read comes from the 50 MB L2 of an H100 rather than from memory.
-COOP_BLOCK = 32768
-MAX_COOP_SPLITS = 16
-COOP_L2_BUDGET = 40 * 2**20
+from .planning import COOP, ONE_PASS, ONLINE, SPLIT, Plan, plan  # noqa: F401 - SPLIT: callers'
 
 # A constexpr: the only kind of global a @triton.jit function may read.
 NEG_INF = tl.constexpr(float("-inf"))
-
-
-class Plan(NamedTuple):
-    """How `triton_fused` runs a shape: which kernel, its block (whole row or tile), its warps,
-    how many programs share a row (1 but for the split path) and the columns each one owns."""
-
-    path: str
-    block: int
-    num_warps: int
-    splits: int
-    chunk: int
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
@@ -334,19 +271,6 @@ def _softmax_coop_kernel(x_ptr, out_ptr, pmax_ptr, psum_ptr, count_ptr, n_rows, 
             _write_normalised(x_row, out_ptr + row64 * out_row_stride, start, end, m, s, BLOCK)
 
 
-def coop_splits(n_cols: int, itemsize: int, device=None, block: int = COOP_BLOCK) -> int:
-    """Programs per row for the coop path (a power of two): enough that each chunk fits one tile
-    of `block` elements (in registers), and that one chunk per SM fits COOP_L2_BUDGET; at most
-    MAX_COOP_SPLITS. Under the interpreter programs run one after another, so a row cannot be
-    shared (1)."""
-    if interpreting():
-        return 1
-    sms = sm_count_of(device)
-    need = max(cdiv(n_cols, block), cdiv(n_cols * itemsize * sms, COOP_L2_BUDGET))
-    # A power of two no larger than the SM count: every program must be resident at once.
-    return min(next_pow2(need), MAX_COOP_SPLITS, 1 << (sms.bit_length() - 1))
-
-
 # ------------------------------------------------------------------------------------------------
 # The unfused baseline: three kernels, each intermediate stored.
 
@@ -394,110 +318,21 @@ def _normalise_kernel(x_ptr, max_ptr, sum_ptr, out_ptr, n_cols, x_row_stride, ou
 # Host side.
 
 
-def one_pass_warps(block: int, itemsize: int) -> int:
-    """Warps of a one-pass program where rows outnumber the SMs: from a block of 1024 on, one per
-    1024 elements (16-bit at least 2), at most 16; smaller blocks (not timed) one per 256. Fewer
-    warps a program, more programs an SM, more bytes in flight (docs/softmax.md)."""
-    if block < 1024:
-        return default_warps(block)
-    return max(2 if itemsize <= 2 else 1, min(16, block // 1024))
-
-
-def plan(n_rows: int, n_cols: int, *, itemsize: int = 4, device=None, block=None, num_warps=None,
-         path=None, splits=None) -> Plan:
-    """The path, block, warps and splits `triton_fused` uses for (n_rows, n_cols) of elements of
-    `itemsize` bytes, with any of them forced. Raises ValueError on a choice that cannot work."""
-    if path is None:
-        if n_cols <= MAX_ONE_PASS:
-            path = ONE_PASS
-        elif n_rows < sm_count_of(device):
-            path = SPLIT
-        elif n_cols * itemsize <= ONLINE_MAX_ROW_BYTES or itemsize < 4 or n_cols % COOP_ALIGN:
-            path = ONLINE
-        else:
-            path = COOP
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
-    whole_row = max(16, next_pow2(n_cols))
-    if path == ONE_PASS:
-        block = whole_row if block is None else block
-        check_pow2("block", block)
-        if block < whole_row:
-            raise ValueError(
-                f"the one-pass kernel holds the whole row: block must be >= {whole_row} for rows "
-                f"of {n_cols}, got {block} (path='online' loops over tiles of block)")
-    else:
-        default = {COOP: COOP_BLOCK, SPLIT: SPLIT_BLOCK, ONLINE: ONLINE_BLOCK}[path]
-        if (path == ONLINE and itemsize < 4 and block is None
-                and n_cols > HALF_ONLINE_TILES[-1][0]):
-            block, warps = half_online_tile(n_cols)
-            num_warps = warps if num_warps is None else num_warps
-        block = min(default, whole_row) if block is None else block
-        check_pow2("block", block)
-    if num_warps is None:
-        num_warps = (one_pass_warps(block, itemsize) if path == ONE_PASS
-                     and n_rows >= sm_count_of(device) else default_warps(block))
-    check_warps(num_warps)
-    n_splits, chunk = 1, n_cols
-    if path == SPLIT:
-        tiles = max(1, cdiv(n_cols, block))  # an empty row: one tile (no division by 0 below)
-        if splits is None:
-            splits = cdiv(SPLIT_PROGRAMS_PER_SM * sm_count_of(device), max(n_rows, 1))
-        if not isinstance(splits, int) or splits < 1:
-            raise ValueError(f"splits must be a positive int, got {splits}")
-        # Whole tiles per chunk; then drop splits that would get no columns.
-        chunk = cdiv(tiles, min(splits, tiles)) * block
-        n_splits = max(1, cdiv(n_cols, chunk))
-    elif path == COOP:
-        n_splits = coop_splits(n_cols, itemsize, device, block) if splits is None else splits
-        if not isinstance(n_splits, int) or n_splits < 1 or n_splits & (n_splits - 1):
-            raise ValueError(f"splits must be a power of two for path='coop', got {splits}")
-        tiles = cdiv(n_cols, block)
-        chunk = cdiv(tiles, n_splits) * block
-    elif splits is not None:
-        raise ValueError(f"splits only applies to path='split' or 'coop', not {path!r}")
-    return Plan(path, block, num_warps, n_splits, chunk)
-
-
-def aligned_vector(n_cols: int, strides: tuple, tensors: tuple) -> int:
-    """The kernels' VEC, elements in 16 bytes, where rows of n_cols 16-bit elements are better
-    walked in aligned coordinates: one row stride in all `tensors`, every base 16-byte aligned,
-    and the rows not already whole vectors. Else 1 (the plain masked tiles). float32 rows keep
-    the plain tiles: on an H100 the aligned walk took 872 us against 729 at 4096 x 50257."""
-    size = tensors[0].element_size()
-    vec = 16 // size
-    stride = strides[0]
-    # Rows Triton already loads in vectors: a width and row stride of 16-element multiples (what
-    # it hints an int argument by; a multiple of 8 alone gets 2-byte accesses).
-    if size != 2 or not (n_cols % 16 or stride % 16) or any(s != stride for s in strides):
-        return 1
-    return 1 if any(t.data_ptr() & 15 for t in tensors) else vec
-
-
-def _rows_plan(x, block, num_warps, path, splits):
+def _rows_plan(x, block, num_warps, path, splits) -> tuple[int, int, int | None, Plan]:
     """as_rows' checks and `plan`: (n_rows, n_cols, x's row stride or None when x is empty, Plan).
-    """
+    The plan reads x's base alignment: a cache key for it must hold that too (triton_fused)."""
     rows, n_rows, n_cols = as_rows("x", x)
-    p = plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
-             num_warps=num_warps, path=path, splits=splits)
+    # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims).
+    x_row_stride = None if rows is None else n_cols if x.is_contiguous() else rows.stride(0)
+    p = plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, row_stride=x_row_stride,
+             aligned=not x.data_ptr() & 15, block=block, num_warps=num_warps, path=path,
+             splits=splits)
     if p.path == COOP and p.splits > 1 and interpreting():
         # A row's programs wait for each other; the interpreter runs one program at a time, so
         # the first would spin forever.
         raise ValueError(f"path='coop' with splits={p.splits} needs a GPU: under the interpreter "
                          "a row cannot be shared (use splits=1)")
-    if rows is None:
-        return n_rows, n_cols, None, p
-    # A contiguous x's rows are n_cols apart (whatever the strides of its size-1 dims).
-    x_row_stride = n_cols if x.is_contiguous() else rows.stride(0)
-    if p.path == COOP and path is None and splits is None and x_row_stride % COOP_ALIGN:
-        p = _online_plan(x, n_rows, n_cols, block, num_warps)
     return n_rows, n_cols, x_row_stride, p
-
-
-def _online_plan(x, n_rows, n_cols, block, num_warps):
-    """The online path's plan, for rows the default would give the coop kernel unaligned."""
-    return plan(n_rows, n_cols, itemsize=x.element_size(), device=x.device, block=block,
-                num_warps=num_warps, path=ONLINE)
 
 
 _PLANS = plan_cache()
@@ -512,14 +347,14 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
     the tile of the loops (coop: a chunk of at most block elements is held in registers). path:
     force "one_pass", "online", "split" or "coop". splits: programs per row for the split and coop
     paths."""
-    n_rows, n_cols, x_row_stride, p = cached(
-        _PLANS, layout_key((x,), (block, num_warps, path, splits)), _rows_plan, x, block,
-        num_warps, path, splits)
+    key = layout_key((x,), (block, num_warps, path, splits))
+    if key is not None:  # a plain tensor: the plan also reads whether its base is aligned
+        key += (not x.data_ptr() & 15,)
+    n_rows, n_cols, x_row_stride, p = cached(_PLANS, key, _rows_plan, x, block, num_warps, path,
+                                             splits)
     out = empty_like(x)
     if x_row_stride is None:
         return out
-    if p.path == COOP and path is None and splits is None and x.data_ptr() % 16:
-        p = _online_plan(x, n_rows, n_cols, block, num_warps)  # see COOP_ALIGN
     # x and out are passed as they are: the kernels see their (rows, n_cols) layout through the
     # row strides (out is contiguous).
     args = (n_cols, x_row_stride, n_cols)
@@ -528,8 +363,7 @@ def triton_fused(x: torch.Tensor, *, block=None, num_warps=None, path=None,
                num_warps=p.num_warps)
     elif p.path == ONLINE:
         launch(_softmax_online_kernel, (n_rows,), x, out, *args, BLOCK=p.block,
-               VEC=aligned_vector(n_cols, (x_row_stride, n_cols), (x, out)),
-               num_warps=p.num_warps)
+               VEC=p.vec, num_warps=p.num_warps)
     elif p.path == COOP:
         # One program per SM at most, launched co-operatively: CUDA starts the grid only when all
         # its programs can be resident at once, even beside another stream's kernels, so the

@@ -3,6 +3,7 @@ against float64, and the refusals (double backward)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from triton_fusion_report import kernels
 from triton_fusion_report import kernels as ops
@@ -358,21 +359,37 @@ def test_forward_mode_ad_is_refused(name):
         assert public(*args) is not None
 
 
-def test_parameters_take_the_direct_path(monkeypatch):
-    """nn.Parameter weights (a model's) are plain tensors: without grad the implementation is
-    called directly, with grad LayerNorm's autograd.Function runs; never the dispatcher."""
-    x, w, b = _r(3, 40), torch.nn.Parameter(_r(40)), torch.nn.Parameter(_r(40))
+class _Dispatched(TorchDispatchMode):
+    """Records the triton_fusion ops that reach the dispatcher while it is active (a direct call
+    or the autograd.Function's never do: they launch the kernels themselves)."""
 
-    def dispatched(*args):
-        raise AssertionError("went through the registered op")
-    for op in ("_layer_norm_op", "_linear_act_op", "_matmul_softmax_op"):
-        monkeypatch.setattr(ops, op, dispatched)
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "triton_fusion":
+            self.ops.append(func.name().split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+def test_parameters_take_the_direct_path():
+    """nn.Parameter weights (a model's) are plain tensors: without grad the implementation is
+    called directly, with grad the autograd.Function runs, forward and backward; never the
+    dispatcher (which `_Dispatched` sees, as it sees matmul_softmax's, which has no Function)."""
+    x, w, b = _r(3, 40), torch.nn.Parameter(_r(40)), torch.nn.Parameter(_r(40))
+    xm, wm, bm = _r(12, 16), torch.nn.Parameter(_r(16, 24)), torch.nn.Parameter(_r(24))
     want = F.layer_norm(x.double(), (40,), w.double(), b.double())
-    with torch.no_grad():
+    with torch.no_grad(), _Dispatched() as seen:
         assert rel_err(kernels.layer_norm(x, w, b), want) <= 2 * TOL[torch.float32]
-        xm, wm, bm = _r(12, 16), torch.nn.Parameter(_r(16, 24)), torch.nn.Parameter(_r(24))
         kernels.linear_act(xm, wm, bm)
         kernels.matmul_softmax(xm, wm, bm)
-    y = kernels.layer_norm(x, w, b)
-    y.backward(torch.ones_like(y))
-    assert w.grad is not None and b.grad is not None
+    assert seen.ops == []
+    with _Dispatched() as seen:
+        y = kernels.layer_norm(x, w, b)
+        y.backward(torch.ones_like(y))
+        kernels.linear_act(xm, wm, bm).sum().backward()
+    assert seen.ops == [] and w.grad is not None and b.grad is not None and bm.grad is not None
+    with _Dispatched() as seen:
+        kernels.matmul_softmax(xm, wm, bm)
+    assert seen.ops == ["matmul_softmax"]

@@ -57,7 +57,7 @@ from ..._stored_softmax import softmax_rows
 from ..._matmul import (GROUP, _check_operands, _gemm, _precision, _pow2, gemm_launch, k_major,
                         operand_strides, run_gemm, tf32_copies, tma_specs)
 
-from ..._autograd import NS, _direct
+from ..._autograd import declare
 from .kernels import (_ms_combine_kernel, _ms_normalize_kernel, _ms_pass_tma_kernel,
                       _ms_probs_kernel, _ms_simple_kernel, _ms_split_kernel,
                       _ms_split_softmax_kernel, _ms_stats_kernel, _ms_tiled_kernel,
@@ -292,14 +292,11 @@ IMPLS = {"reference": matmul_softmax_reference, "triton_unfused": matmul_softmax
 # softmax(x @ weight + bias)
 
 
-@torch.library.custom_op(f"{NS}::matmul_softmax", mutates_args=())
-def _matmul_softmax_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                       ) -> torch.Tensor:
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return matmul_softmax_fused(x, weight, bias)
 
 
-@_matmul_softmax_op.register_fake
-def _(x, weight, bias):
+def _fake(x, weight, bias):
     _check_operands(x, weight, bias)
     return x.new_empty((x.shape[0], weight.shape[1]))
 
@@ -323,7 +320,8 @@ def _matmul_softmax_backward(ctx, dy):
     return dx, dw, db
 
 
-_matmul_softmax_op.register_autograd(_matmul_softmax_backward, setup_context=_matmul_softmax_setup)
+_MATMUL_SOFTMAX = declare("matmul_softmax", _forward, _fake, setup=_matmul_softmax_setup,
+                          backward=_matmul_softmax_backward, direct=matmul_softmax_fused)
 
 
 def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -332,9 +330,7 @@ def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Te
 
     x (B, K), weight (K, C), bias (C,) or None; one dtype (float32, float16, bfloat16), on CUDA (or
     on the CPU under TRITON_INTERPRET=1). Returns (B, C) probabilities in x's dtype."""
-    if _direct(x, weight, bias):
-        return matmul_softmax_fused(x, weight, bias)
-    return _matmul_softmax_op(x, weight, bias)
+    return _MATMUL_SOFTMAX(x, weight, bias)
 
 
 # The role names every family has.

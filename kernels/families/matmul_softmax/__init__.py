@@ -66,11 +66,10 @@ from .plan import (METHODS, MatmulSoftmaxPlan, ONLINE, SIMPLE, SPLIT_K, STORE_SO
                    STORE_SOFTMAX_MAX_C, TILED, TWO_PASS_STORE, matmul_softmax_plan)
 
 __all__ = ["METHODS", "MatmulSoftmaxPlan", "ONLINE", "SIMPLE", "SPLIT_K", "STORE_SOFTMAX", "TILED",
-           "TWO_PASS_STORE", "matmul_softmax", "matmul_softmax_fused",
-           "matmul_softmax_plan", "matmul_softmax_reference", "matmul_softmax_unfused", "reference",
-           "triton_fused", "triton_unfused"]
+           "TWO_PASS_STORE", "matmul_softmax", "matmul_softmax_plan", "reference", "triton_fused",
+           "triton_unfused"]
 
-def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+def reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """The semantics, in PyTorch eager (matmul, bias add and softmax: three kernels).
 
     float32 inputs follow torch.backends.cuda.matmul.allow_tf32, which the caller controls
@@ -97,7 +96,7 @@ def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
 
 
 class _FusedLaunch(NamedTuple):
-    """How matmul_softmax_fused runs one layout (cached): the plan, whether weight is copied into
+    """How triton_fused runs one layout (cached): the plan, whether weight is copied into
     16-byte-aligned rows first (_aligned_rows), the strides the kernels take (x's, the weight's
     they read, bias's, out's row), their dot constexprs and options, and which operands are
     copied K-contiguous first (_matmul.tf32_copies)."""
@@ -162,9 +161,8 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
 _PLANS = plan_cache()
 
 
-def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None,
-                         block_k=None, input_precision=None, num_warps=None,
-                         num_stages=None) -> torch.Tensor:
+def triton_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None, block_k=None,
+                 input_precision=None, num_warps=None, num_stages=None) -> torch.Tensor:
     """softmax(x @ weight + bias, -1) with the logits never stored as a separate intermediate
     (for "two_pass_store" and "store_softmax", stored once in the output buffer and rewritten in
     place).
@@ -263,9 +261,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     return out
 
 
-def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_m=None,
-                           block_n=None, block_k=None, group_m=None, num_warps=None,
-                           num_stages=None, softmax_block=None) -> torch.Tensor:
+def triton_unfused(x, weight, bias=None, *, input_precision=None, block_m=None, block_n=None,
+                   block_k=None, group_m=None, num_warps=None, num_stages=None,
+                   softmax_block=None) -> torch.Tensor:
     """Two Triton kernels: logits = x @ weight + bias (the bias in the matmul's epilogue), stored
     (B, C) in x's dtype; then a row softmax of them. The block/warp/stage options go to the matmul;
     softmax_block is the softmax's tile (default: the whole row up to 16384, else online tiles).
@@ -284,8 +282,7 @@ def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_
     return softmax_rows(logits, out, block=softmax_block, max_block=16384)
 
 
-IMPLS = {"reference": matmul_softmax_reference, "triton_unfused": matmul_softmax_unfused,
-         "triton_fused": matmul_softmax_fused}
+IMPLS = {"reference": reference, "triton_unfused": triton_unfused, "triton_fused": triton_fused}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +290,7 @@ IMPLS = {"reference": matmul_softmax_reference, "triton_unfused": matmul_softmax
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return matmul_softmax_fused(x, weight, bias)
+    return triton_fused(x, weight, bias)
 
 
 def _fake(x, weight, bias):
@@ -321,7 +318,7 @@ def _matmul_softmax_backward(ctx, dy):
 
 
 _MATMUL_SOFTMAX = declare("matmul_softmax", _forward, _fake, setup=_matmul_softmax_setup,
-                          backward=_matmul_softmax_backward, direct=matmul_softmax_fused)
+                          backward=_matmul_softmax_backward, direct=triton_fused)
 
 
 def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -331,8 +328,3 @@ def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Te
     x (B, K), weight (K, C), bias (C,) or None; one dtype (float32, float16, bfloat16), on CUDA (or
     on the CPU under TRITON_INTERPRET=1). Returns (B, C) probabilities in x's dtype."""
     return _MATMUL_SOFTMAX(x, weight, bias)
-
-
-# The role names every family has.
-reference, triton_unfused, triton_fused = (matmul_softmax_reference, matmul_softmax_unfused,
-                                           matmul_softmax_fused)

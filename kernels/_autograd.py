@@ -38,17 +38,27 @@ REGISTERED: dict = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _direct(*args) -> bool:
-    """True where the op's implementation may be called without the dispatcher."""
+# The paths a call takes (`_path`).
+DIRECT, FUNCTION, OP = 0, 1, 2
+
+
+def _path(args) -> int:
+    """DIRECT: the implementation may be called without the dispatcher (eager, nothing to
+    differentiate, plain tensors); FUNCTION: eager autograd on plain tensors; OP: the registered
+    op (compiling, tracing, a tensor subclass)."""
     if torch.compiler.is_compiling():
-        return False
+        return OP
     if _fwad._current_level >= 0:
         _refuse_tangents(args)
     grad = torch.is_grad_enabled()
+    path = DIRECT
     for t in args:
-        if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or (grad and t.requires_grad)):
-            return False
-    return True
+        if isinstance(t, torch.Tensor):
+            if type(t) not in _PLAIN:
+                return OP
+            if grad and t.requires_grad:
+                path = FUNCTION
+    return path
 
 
 def _refuse_tangents(tensors) -> None:
@@ -74,32 +84,12 @@ def _empty_like_rows(x):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-class Op:
-    """A declared op: `op` and `backward_op` (registered), `function` (the autograd.Function, or
-    None) and the call that picks among them (`__call__`, with the op's arguments in its
-    schema's order)."""
-
-    def __init__(self, name, op, backward_op, function, direct, prepare, first):
-        self.name, self.op, self.backward_op, self.function = name, op, backward_op, function
-        self.direct, self.prepare, self.first = direct, prepare, first
-
-    def __call__(self, *args):
-        if _direct(*args):
-            return self.direct(*args)
-        if self.prepare is not None:
-            args = self.prepare(*args)
-        if self.function is not None and not torch.compiler.is_compiling() and all(
-                type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)):
-            return self.function.apply(*args)
-        out = self.op(*args)
-        return out[0] if self.first else out
-
-
 def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_fake=None,
             eager_backward=None, direct=None, prepare=None, function=False,
-            forward_with_options=None) -> Op:
-    """Register the op `triton_fusion::<name>` and make its paths (an `Op`, called with the op's
-    arguments in its schema's order).
+            forward_with_options=None):
+    """Register the op `triton_fusion::<name>` and make its paths: returns the call that picks
+    among them, taking the op's arguments in its schema's order, with the registered ops and the
+    Function as its attributes `op`, `backward_op` and `function` (None where there is none).
 
     - forward: the implementation, whose annotations are the op's schema; of a tuple of outputs
       the caller gets the first (the others are for the backward). fake: its fake.
@@ -137,7 +127,21 @@ def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_
                        eager_backward or backward_op, first, len(_schema(name).arguments))
     if direct is None:
         direct = (lambda *a: forward(*a)[0]) if first else forward
-    return Op(name, op, bwd_op, fn, direct, prepare, first)
+
+    # A function, not an object's __call__: this runs on every call's host path.
+    def call(*args):
+        path = _path(args)
+        if path == DIRECT:
+            return direct(*args)
+        if prepare is not None:
+            args = prepare(*args)
+        if path == FUNCTION and fn is not None:
+            return fn.apply(*args)
+        out = op(*args)
+        return out[0] if first else out
+    call.__name__ = call.__qualname__ = name
+    call.op, call.backward_op, call.function = op, bwd_op, fn
+    return call
 
 
 def _schema(name):
@@ -148,29 +152,40 @@ def _function(name, forward, forward_with_options, setup, backward, bwd_op, eage
     """The op's eager autograd.Function (named as the op, camel-cased, for its grad_fn)."""
 
     def fwd(ctx, *args):
-        if len(args) == n:
-            out = forward(*args)
-            ctx.options = ()
-        else:
-            out = forward_with_options(*args)
-            args, ctx.options = args[:n], args[n:]
+        out = forward(*args)
         setup(ctx, args, out)
         return out[0] if first else out
 
     def bwd(ctx, *grads):
+        # create_graph=True: the registered backward op keeps the gradients connected to their
+        # inputs, so a second derivative through them raises (_no_double_backward) instead of
+        # being pruned from the graph and silently missing.
+        return backward(ctx, bwd_op if torch.is_grad_enabled() else eager, *grads)
+
+    def fwd_options(ctx, *args):
+        ctx.options = args[n:]
+        if not ctx.options:
+            return fwd(ctx, *args)
+        out = forward_with_options(*args)
+        setup(ctx, args[:n], out)
+        return out[0] if first else out
+
+    def bwd_options(ctx, *grads):
         options = ctx.options
+        if not options:
+            return bwd(ctx, *grads)
         if torch.is_grad_enabled():
-            # create_graph=True: the registered backward op keeps the gradients connected to
-            # their inputs, so a second derivative through them raises (_no_double_backward)
-            # instead of being pruned from the graph and silently missing.
-            call = bwd_op
+            grads = backward(ctx, bwd_op, *grads)
         else:
-            call = (lambda *a: eager(*a, *options)) if options else eager
-        grads = backward(ctx, call, *grads)
-        return (*grads, *(None,) * len(options)) if options else grads
+            grads = backward(ctx, lambda *a: eager(*a, *options), *grads)
+        return (*grads, *(None,) * len(options))
+
+    # Only a Function applied to options (a family's tuning arguments) pays for them.
+    plain = forward_with_options is None
 
     def body(ns):
-        ns.update(forward=staticmethod(fwd), backward=staticmethod(bwd), __module__=module,
+        ns.update(forward=staticmethod(fwd if plain else fwd_options),
+                  backward=staticmethod(bwd if plain else bwd_options), __module__=module,
                   __qualname__=camel, __doc__=f"{name} in eager autograd, without the dispatcher.")
     camel = "_" + "".join(part.capitalize() for part in name.split("_"))
     module = forward.__module__

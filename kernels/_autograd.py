@@ -2,23 +2,27 @@
 so that a model calling them compiles with `torch.compile(fullgraph=True)`, captures in a CUDA
 graph and passes `torch.library.opcheck`.
 
-Each op has its Triton implementation (the family module's fused version), a fake
-implementation (the same input checks, then an empty result of the right shape: errors surface
-at trace time with the messages of eager) and an autograd formula. softmax, LayerNorm and
-attention have backward kernels; the others' backward is written in PyTorch ops (correct, not
-fused).
+Each op is declared once, with `declare`: its Triton implementation, a fake implementation (the
+same input checks, then an empty result of the right shape: errors surface at trace time with the
+messages of eager) and its autograd formula, either in PyTorch ops or through a backward op of
+its own (softmax, LayerNorm, attention, linear_act), which `declare` registers too. From that one
+declaration it makes every path a call can take, so that they cannot drift apart:
+
+- direct: eager, no input requiring grad, plain tensors or nn.Parameters: the Triton
+  implementation without the dispatcher (a custom op's Python dispatch costs tens of microseconds
+  a call, more than a small kernel's launch);
+- the autograd.Function (ops with a backward op): eager autograd on plain tensors, the same
+  kernels at less host cost a call than the custom op's autograd (which goes through the
+  dispatcher twice a direction); its backward calls the registered backward op where a graph is
+  built (create_graph, so a second derivative still raises), its implementation otherwise;
+- the registered op: under torch.compile, export, fake tensors and for tensor subclasses.
+
 Backward ops have no second derivative: differentiating through one raises. Forward-mode AD
 (dual tensors) raises too.
-
-The public functions (`kernels.softmax` ...) call the Triton implementation directly when nothing
-needs the dispatcher (eager, no input requiring grad, plain tensors or nn.Parameters): a custom
-op's Python dispatch costs tens of microseconds a call, more than a small kernel's launch. Under
-torch.compile, export and fake tensors they call the registered op; in eager autograd (an input
-requiring grad) LayerNorm, softmax and attention take an autograd.Function instead: the same
-kernels at less host cost a call, whose backward calls the registered backward op under
-create_graph (so a second derivative still raises).
 """
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.autograd.forward_ad as _fwad
@@ -26,23 +30,35 @@ import torch.autograd.forward_ad as _fwad
 
 NS = "triton_fusion"
 
+# Every registered op by name (a backward op as "<op>_backward"): kernels.OPS.
+REGISTERED: dict = {}
 
 # Tensors the implementations may take without the dispatcher: nn.Parameter (a model's weights)
 # is a plain tensor to every op (it overrides no torch function).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _direct(*tensors) -> bool:
-    """True where the op's implementation may be called without the dispatcher."""
+# The paths a call takes (`_path`).
+DIRECT, FUNCTION, OP = 0, 1, 2
+
+
+def _path(args) -> int:
+    """DIRECT: the implementation may be called without the dispatcher (eager, nothing to
+    differentiate, plain tensors); FUNCTION: eager autograd on plain tensors; OP: the registered
+    op (compiling, tracing, a tensor subclass)."""
     if torch.compiler.is_compiling():
-        return False
+        return OP
     if _fwad._current_level >= 0:
-        _refuse_tangents(tensors)
+        _refuse_tangents(args)
     grad = torch.is_grad_enabled()
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or (grad and t.requires_grad)):
-            return False
-    return True
+    path = DIRECT
+    for t in args:
+        if isinstance(t, torch.Tensor):
+            if type(t) not in _PLAIN:
+                return OP
+            if grad and t.requires_grad:
+                path = FUNCTION
+    return path
 
 
 def _refuse_tangents(tensors) -> None:
@@ -66,3 +82,111 @@ def _no_double_backward(name):
 
 def _empty_like_rows(x):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_fake=None,
+            eager_backward=None, direct=None, prepare=None, function=False,
+            forward_with_options=None):
+    """Register the op `triton_fusion::<name>` and make its paths: returns the call that picks
+    among them, taking the op's arguments in its schema's order, with the registered ops and the
+    Function as its attributes `op`, `backward_op` and `function` (None where there is none).
+
+    - forward: the implementation, whose annotations are the op's schema; of a tuple of outputs
+      the caller gets the first (the others are for the backward). fake: its fake.
+    - setup(ctx, inputs, output): saves what the backward needs (the op's setup_context, and the
+      Function's forward).
+    - backward(ctx, *grads), in PyTorch ops; or, with a backward op, backward(ctx, bwd, *grads),
+      which calls bwd with the backward op's arguments: bwd is the backward op itself, or, in the
+      Function where no graph is built, eager_backward (default: backward_op).
+    - backward_op, backward_fake: the implementation and fake of `<name>_backward`.
+    - direct: the implementation without the dispatcher, returning the caller's output
+      (default: forward). prepare: the arguments converted for the Function and the op (or a
+      raise), where the direct path takes them as they are.
+    - function: make the autograd.Function (an op with a backward op). forward_with_options: its
+      forward where it is applied to more arguments than the schema's (a family's tuning
+      options); eager_backward then gets them too.
+    """
+    assert not function or backward_op is not None, "the Function's backward is the backward op"
+    op = torch.library.custom_op(f"{NS}::{name}", forward, mutates_args=())
+    op.register_fake(fake)
+    REGISTERED[name] = op
+    first = len(_schema(name).returns) > 1
+    bwd_op = formula = None
+    if backward_op is not None:
+        bwd_op = torch.library.custom_op(f"{NS}::{name}_backward", backward_op, mutates_args=())
+        bwd_op.register_fake(backward_fake)
+        bwd_op.register_autograd(_no_double_backward(f"{name}'s backward"))
+        REGISTERED[f"{name}_backward"] = bwd_op
+
+        def formula(ctx, *grads):
+            return backward(ctx, bwd_op, *grads)
+    op.register_autograd(formula or backward, setup_context=setup)
+    fn = None
+    if function:
+        fn = _function(name, forward, forward_with_options, setup, backward, bwd_op,
+                       eager_backward or backward_op, first, len(_schema(name).arguments))
+    if direct is None:
+        direct = (lambda *a: forward(*a)[0]) if first else forward
+
+    # A function, not an object's __call__: this runs on every call's host path.
+    def call(*args):
+        path = _path(args)
+        if path == DIRECT:
+            return direct(*args)
+        if prepare is not None:
+            args = prepare(*args)
+        if path == FUNCTION and fn is not None:
+            return fn.apply(*args)
+        out = op(*args)
+        return out[0] if first else out
+    call.__name__ = call.__qualname__ = name
+    call.op, call.backward_op, call.function = op, bwd_op, fn
+    return call
+
+
+def _schema(name):
+    return getattr(getattr(torch.ops, NS), name).default._schema
+
+
+def _function(name, forward, forward_with_options, setup, backward, bwd_op, eager, first, n):
+    """The op's eager autograd.Function (named as the op, camel-cased, for its grad_fn)."""
+
+    def fwd(ctx, *args):
+        out = forward(*args)
+        setup(ctx, args, out)
+        return out[0] if first else out
+
+    def bwd(ctx, *grads):
+        # create_graph=True: the registered backward op keeps the gradients connected to their
+        # inputs, so a second derivative through them raises (_no_double_backward) instead of
+        # being pruned from the graph and silently missing.
+        return backward(ctx, bwd_op if torch.is_grad_enabled() else eager, *grads)
+
+    def fwd_options(ctx, *args):
+        ctx.options = args[n:]
+        if not ctx.options:
+            return fwd(ctx, *args)
+        out = forward_with_options(*args)
+        setup(ctx, args[:n], out)
+        return out[0] if first else out
+
+    def bwd_options(ctx, *grads):
+        options = ctx.options
+        if not options:
+            return bwd(ctx, *grads)
+        if torch.is_grad_enabled():
+            grads = backward(ctx, bwd_op, *grads)
+        else:
+            grads = backward(ctx, lambda *a: eager(*a, *options), *grads)
+        return (*grads, *(None,) * len(options))
+
+    # Only a Function applied to options (a family's tuning arguments) pays for them.
+    plain = forward_with_options is None
+
+    def body(ns):
+        ns.update(forward=staticmethod(fwd if plain else fwd_options),
+                  backward=staticmethod(bwd if plain else bwd_options), __module__=module,
+                  __qualname__=camel, __doc__=f"{name} in eager autograd, without the dispatcher.")
+    camel = "_" + "".join(part.capitalize() for part in name.split("_"))
+    module = forward.__module__
+    return types.new_class(camel, (torch.autograd.Function,), exec_body=body)

@@ -70,14 +70,14 @@ def check_probs(out, x, w, b, limit, stored=False):
 def test_matmul_softmax_matches_float64(method, shape, dtype, device):
     x, w, b = ms_inputs(*shape, dtype, device)
     if method == "unfused":
-        out = sr.matmul_softmax_unfused(x, w, b)
+        out = sr.triton_unfused(x, w, b)
     elif method == "public":
         out = kernels.matmul_softmax(x, w, b)
     elif method in ("online", "two_pass_store"):
         # Small class tiles: C = 300 spans five tiles to combine.
-        out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=64)
+        out = sr.triton_fused(x, w, b, method=method, block_c=64)
     else:
-        out = sr.matmul_softmax_fused(x, w, b, method=None if method == "auto" else method)
+        out = sr.triton_fused(x, w, b, method=None if method == "auto" else method)
     check_probs(out, x, w, b, tol(dtype), stored=method in STORED)
 
 
@@ -86,9 +86,9 @@ def test_matmul_softmax_matches_float64(method, shape, dtype, device):
 def test_matmul_softmax_without_bias(method, device):
     x, w, _ = ms_inputs(33, 70, 50, torch.float32, device)
     if method == "unfused":
-        out = sr.matmul_softmax_unfused(x, w)
+        out = sr.triton_unfused(x, w)
     else:
-        out = sr.matmul_softmax_fused(x, w, None, method=method)
+        out = sr.triton_fused(x, w, None, method=method)
     check_probs(out, x, w, None, TOL["ieee"])
 
 
@@ -98,7 +98,7 @@ def test_matmul_softmax_without_bias(method, device):
 def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
     """Several row blocks (partial last), class tiles and K steps (K not a multiple of block_k)."""
     x, w, b = ms_inputs(37, 70, 300, dtype, device)
-    out = sr.matmul_softmax_fused(x, w, b, method=method, block_b=16, block_c=32, block_k=16)
+    out = sr.triton_fused(x, w, b, method=method, block_b=16, block_c=32, block_k=16)
     check_probs(out, x, w, b, tol(dtype), stored=method == "two_pass_store")
 
 
@@ -106,7 +106,7 @@ def test_matmul_softmax_multi_tile_blocks(method, dtype, device):
 def test_matmul_softmax_many_class_tiles(method, device):
     """More than 128 class tiles: the combine kernel loops over them."""
     x, w, b = ms_inputs(3, 5, 2100, torch.float32, device)
-    out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=16)
+    out = sr.triton_fused(x, w, b, method=method, block_c=16)
     check_probs(out, x, w, b, TOL["ieee"])
 
 
@@ -119,28 +119,28 @@ def test_matmul_softmax_masked_class_tile(method, device):
     x, w, b = ms_inputs(5, 16, 40, torch.float16, device)
     b[:20] = float("-inf")  # class tile 0 of 16 (and part of tile 1)
     kw = dict(block_c=16) if method in ("online", "two_pass_store") else {}
-    out = sr.matmul_softmax_fused(x, w, b, method=method, **kw)
+    out = sr.triton_fused(x, w, b, method=method, **kw)
     check_probs(out, x, w, b, tol(torch.float16))
     w[:, 16:32] = -5000.0  # logits ~ -80000 * |x|: past float16's range
     x = x.abs() + 1
-    out = sr.matmul_softmax_fused(x, w, None, method=method, **kw)
+    out = sr.triton_fused(x, w, None, method=method, **kw)
     assert torch.isfinite(out).all() and not out[:, 16:32].any()
 
 
 @FULL
 def test_matmul_softmax_tiled_blocks(device):
     x, w, b = ms_inputs(50, 70, 129, torch.float16, device)
-    out = sr.matmul_softmax_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,
+    out = sr.triton_fused(x, w, b, method="tiled", block_b=16, block_k=16, num_warps=2,
                                   num_stages=2)
     check_probs(out, x, w, b, tol(torch.float16))
-    out = sr.matmul_softmax_fused(x, w, b, method="simple", block_k=8)
+    out = sr.triton_fused(x, w, b, method="simple", block_k=8)
     check_probs(out, x, w, b, tol(torch.float16))
 
 
 def test_matmul_softmax_unfused_long_rows(device):
     """The unfused softmax's multi-tile (online) path, forced with a small tile."""
     x, w, b = ms_inputs(9, 20, 300, torch.float32, device)
-    out = sr.matmul_softmax_unfused(x, w, b, softmax_block=64, block_m=16, block_n=32,
+    out = sr.triton_unfused(x, w, b, softmax_block=64, block_m=16, block_n=32,
                                     block_k=16, group_m=2)
     check_probs(out, x, w, b, TOL["ieee"])
 
@@ -150,9 +150,9 @@ def test_matmul_softmax_unfused_long_rows(device):
 def test_matmul_softmax_tf32(method, device):
     x, w, b = ms_inputs(33, 70, 50, torch.float32, device)
     if method == "unfused":
-        out = sr.matmul_softmax_unfused(x, w, b, input_precision="tf32")
+        out = sr.triton_unfused(x, w, b, input_precision="tf32")
     else:
-        out = sr.matmul_softmax_fused(x, w, b, method=method, input_precision="tf32")
+        out = sr.triton_fused(x, w, b, method=method, input_precision="tf32")
     check_probs(out, x, w, b, TOL["tf32"])
 
 
@@ -166,9 +166,9 @@ def test_matmul_softmax_strided_operands(method, device):
     b = torch.stack([b2, b2], 1)[:, 0]
     assert not (x.is_contiguous() or w.is_contiguous() or b.is_contiguous())
     if method == "unfused":
-        out = sr.matmul_softmax_unfused(x, w, b)
+        out = sr.triton_unfused(x, w, b)
     else:
-        out = sr.matmul_softmax_fused(x, w, b, method=method, block_c=16 if method in (
+        out = sr.triton_fused(x, w, b, method=method, block_c=16 if method in (
             "online", "two_pass_store") else None)
     check_probs(out, x, w, b, TOL["ieee"])
 
@@ -180,8 +180,8 @@ def test_matmul_softmax_empty_dims(method, device):
 
     def run(x, w, b):
         if fused:
-            return sr.matmul_softmax_fused(x, w, b, method=method)
-        return sr.matmul_softmax_unfused(x, w, b)
+            return sr.triton_fused(x, w, b, method=method)
+        return sr.triton_unfused(x, w, b)
 
     x, w, b = ms_inputs(0, 8, 5, torch.float32, device)
     assert run(x, w, b).shape == (0, 5)
@@ -199,8 +199,8 @@ def test_fused_half_is_no_worse_than_eager(method, dtype, device):
     """Fused logits stay in float32; eager rounds them (and the bias sum) to the half dtype."""
     x, w, b = ms_inputs(64, 64, 200, dtype, device, scale=4.0)
     ref = ms_ref64(x, w, b)
-    eager = rel_err(sr.matmul_softmax_reference(x, w, b), ref)
-    fused = rel_err(sr.matmul_softmax_fused(x, w, b, method=method, block_c=64
+    eager = rel_err(sr.reference(x, w, b), ref)
+    fused = rel_err(sr.triton_fused(x, w, b, method=method, block_c=64
                                             if method == "online" else None), ref)
     assert fused <= eager
 
@@ -220,7 +220,7 @@ def test_matmul_softmax_split_k(dtype, device, monkeypatch):
     plan = sr.matmul_softmax_plan(B, K, C, dtype, method="split_k", block_c=128, block_k=32,
                                   sm_count=2)
     assert plan.splits == 2  # two programs per SM over 3 class tiles: 2 slices of >= 4 K tiles
-    out = sr.matmul_softmax_fused(x, w, b, method="split_k", block_c=128, block_k=32)
+    out = sr.triton_fused(x, w, b, method="split_k", block_c=128, block_k=32)
     check_probs(out, x, w, b, TOL["ieee" if dtype == torch.float32 else dtype])
 
 
@@ -261,7 +261,7 @@ def test_matmul_softmax_default_split_k_matches_float64(device, monkeypatch):
     assert sr.matmul_softmax_plan(B, K, C, torch.float32, sm_count=132).method == "split_k"
     monkeypatch.setattr(_device, "SM_COUNT_OVERRIDE", 132)
     x, w, b = ms_inputs(B, K, C, torch.float32, device)
-    check_probs(sr.matmul_softmax_fused(x, w, b), x, w, b, TOL["ieee"])
+    check_probs(sr.triton_fused(x, w, b), x, w, b, TOL["ieee"])
 
 
 def test_matmul_softmax_plan_defaults():
@@ -382,7 +382,7 @@ def test_tf32_operands_copied_k_major(x_t, w_t, device):
     for method in ("tiled", "online", "two_pass_store"):
         how = sr._fused_launch(x, w, b, method, None, None, None, "tf32", None, None)
         assert how.copies == (x_t, not w_t) and how.strides[:4] == (K, 1, 1, K)
-        got = sr.matmul_softmax_fused(x, w, b, method=method, input_precision="tf32")
+        got = sr.triton_fused(x, w, b, method=method, input_precision="tf32")
         ref = torch.softmax(x.double() @ w.double() + b.double(), -1)
         assert rel_err(got, ref) <= TOL["tf32"]
     assert sr._fused_launch(x, w, b, "simple", None, None, None, "tf32", None,
@@ -440,7 +440,7 @@ def test_tma_matmul_softmax(method, w_t, dtype, device, monkeypatch):
         w = w.t().contiguous().t()
     names = _kernels_run(monkeypatch)
     blocks = dict(block_b=16) if method == "tiled" else dict(block_b=32, block_c=128)
-    out = sr.matmul_softmax_fused(x, w, b, method=method, block_k=32, input_precision="tf32",
+    out = sr.triton_fused(x, w, b, method=method, block_k=32, input_precision="tf32",
                                   **blocks)
     if method == "tiled":
         assert names == ["_ms_tiled_tma_kernel"]
@@ -525,7 +525,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("args, kwargs, exc, words", BAD)
-@pytest.mark.parametrize("fn", [sr.matmul_softmax_fused, sr.matmul_softmax_unfused,
+@pytest.mark.parametrize("fn", [sr.triton_fused, sr.triton_unfused,
                                 la.linear_act_fused, la.linear_act_unfused])
 def test_bad_inputs_raise(fn, args, kwargs, exc, words, device):
     with pytest.raises(exc, match=words):
@@ -550,7 +550,7 @@ def test_bad_matmul_softmax_options_raise(kwargs, words, device):
     kwargs = dict(kwargs)
     x, w, b = ms_inputs(2, 3, kwargs.pop("C", 8), torch.float32, device)
     with pytest.raises(ValueError, match=words):
-        sr.matmul_softmax_fused(x, w, b, **kwargs)
+        sr.triton_fused(x, w, b, **kwargs)
 
 
 def test_bad_linear_act_options_raise(device):
@@ -561,7 +561,7 @@ def test_bad_linear_act_options_raise(device):
     with pytest.raises(ValueError, match="block_m must be a power of two"):
         la.linear_act_fused(x, w, b, block_m=48)
     with pytest.raises(ValueError, match="softmax_block must be a power of two"):
-        sr.matmul_softmax_unfused(x, w, b, softmax_block=10)
+        sr.triton_unfused(x, w, b, softmax_block=10)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for a second device")
@@ -575,7 +575,7 @@ def test_many_rows_unaligned_classes(method, device):
     """B >= 4096 with C = 10: the weight's 20-byte rows are re-laid out in a padded buffer first."""
     x, w, b = ms_inputs(4096, 16, 10, torch.float16, device)
     kw = {"block_c": 16} if method == "two_pass_store" else {}
-    out = sr.matmul_softmax_fused(x, w, b, method=method, **kw)
+    out = sr.triton_fused(x, w, b, method=method, **kw)
     check_probs(out, x, w, b, TOL[torch.float16], stored=method == "two_pass_store")
 
 
@@ -602,7 +602,7 @@ def test_tma_kernels_in_cuda_graphs_and_compile(op, shape, kernel, monkeypatch):
     want = fn(*static)
     assert kernel in names
     ref = (la.linear_act_reference(*(t.double() for t in static)) if op == "linear_act"
-           else sr.matmul_softmax_reference(*(t.double() for t in static)))
+           else sr.reference(*(t.double() for t in static)))
     assert rel_err(want, ref) <= 2e-2
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -633,9 +633,9 @@ def test_store_softmax_is_the_matmul_then_the_softmax_in_place(device, monkeypat
         monkeypatch.setattr(sr, "softmax_rows", lambda t, o=None, **kw: softmaxed.append(
             (t.data_ptr(), None if o is None else o.data_ptr()))
             or stored_softmax.softmax_rows(t, o, **kw))
-        out = sr.matmul_softmax_fused(x, w, b, method="store_softmax")
+        out = sr.triton_fused(x, w, b, method="store_softmax")
         assert names[0].startswith("_matmul") and names[-1] == "_softmax_rows_kernel"
         assert len(allocated) == 1 and softmaxed == [(out.data_ptr(), out.data_ptr())]
         check_probs(out, x, w, b, tol(torch.float16), stored=True)
     with pytest.raises(ValueError, match="store_softmax"):
-        sr.matmul_softmax_fused(x, w, b, method="store_softmax", block_c=16)
+        sr.triton_fused(x, w, b, method="store_softmax", block_c=16)

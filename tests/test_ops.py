@@ -3,6 +3,7 @@ against float64, and the refusals (double backward)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from triton_fusion_report import kernels
 from triton_fusion_report import kernels as ops
@@ -25,7 +26,7 @@ def _cases():
     q, k, v = (_r(1, 2, 24, 16, dtype=torch.float16) for _ in range(3))
     xm, wm, bm = _r(12, 16), _r(16, 24), _r(24)
     xs, vs = _r(2, 9, 20), _r(2, 20, 16)
-    wv, tv = _r(30, 16), torch.randint(0, 30, (12,), device=DEVICE)
+    wv, tv, bv = _r(30, 16), torch.randint(0, 30, (12,), device=DEVICE), _r(30)
     return [
         ("add_mul", kernels.add_mul, (x, y, z), (x, y, z)),
         ("add_mul_scalar", kernels.add_mul, (x, y, 1.5), (x, y, 1.5)),
@@ -37,7 +38,7 @@ def _cases():
         ("matmul_softmax", kernels.matmul_softmax, (xm, wm, bm), (xm, wm, bm)),
         ("linear_act", kernels.linear_act, (xm, wm, bm, "gelu"), (xm, wm, bm, "gelu")),
         ("linear_cross_entropy", kernels.linear_cross_entropy,
-         (xm, wv, tv, _r(30), -100, "mean", 0.0), (xm, wv, tv, _r(30))),
+         (xm, wv, tv, bv, -100, "mean", 0.0), (xm, wv, tv, bv)),
     ]
 
 
@@ -360,21 +361,98 @@ def test_forward_mode_ad_is_refused(name):
         assert public(*args) is not None
 
 
-def test_parameters_take_the_direct_path(monkeypatch):
-    """nn.Parameter weights (a model's) are plain tensors: without grad the implementation is
-    called directly, with grad LayerNorm's autograd.Function runs; never the dispatcher."""
-    x, w, b = _r(3, 40), torch.nn.Parameter(_r(40)), torch.nn.Parameter(_r(40))
+class _Dispatched(TorchDispatchMode):
+    """Records the triton_fusion ops that reach the dispatcher while it is active (a direct call
+    or the autograd.Function's never do: they launch the kernels themselves)."""
 
-    def dispatched(*args):
-        raise AssertionError("went through the registered op")
-    for op in ("_layer_norm_op", "_linear_act_op", "_matmul_softmax_op"):
-        monkeypatch.setattr(ops, op, dispatched)
-    want = F.layer_norm(x.double(), (40,), w.double(), b.double())
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "triton_fusion":
+            self.ops.append(func.name().split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+def _bitwise(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+def _leaves(args):
+    return [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor)
+            and a.is_floating_point() else a for a in args]
+
+
+def _out_and_grads(fn, args, create_graph=False):
+    leaves = _leaves(args)
+    out = fn(*leaves)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out)
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    return out, torch.autograd.grad(out, wrt, g, create_graph=create_graph)
+
+
+# The ops with an autograd.Function (eager autograd without the dispatcher).
+FUNCTIONS = {"softmax", "layer_norm", "attention", "linear_act"}
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[1] is not None])
+def test_every_path_gives_the_same_bits(name):
+    """Each op through each path the public function can take (direct; the autograd.Function or
+    the registered op's autograd, forward and backward; the registered op called itself; a
+    fullgraph compile through AOTAutograd) gives the same bits, forward and gradients, and
+    takes the path it should: no dispatcher on the direct call, nor on the Function's."""
+    _, public, op_args, args = CASES[name]
+    op = ops.OPS[name]
+
+    def registered(*a):
+        out = op(*a)
+        return out[0] if isinstance(out, tuple) else out
+    with torch.no_grad(), _Dispatched() as seen:
+        direct = public(*args)
+    assert seen.ops == []
     with torch.no_grad():
+        _bitwise(registered(*op_args), direct)
+
+    with _Dispatched() as seen:
+        out, grads = _out_and_grads(public, args)
+    assert seen.ops == ([] if name in FUNCTIONS else [name])
+    _bitwise(out, direct)
+    want = _out_and_grads(registered, op_args)[1]
+    for got, w in zip(grads, want, strict=True):
+        _bitwise(got, w)
+    if name in FUNCTIONS:  # create_graph: the Function's backward is the registered backward op
+        with _Dispatched() as seen:
+            graph_grads = _out_and_grads(public, args, create_graph=True)[1]
+        assert seen.ops == [f"{name}_backward"]
+        for got, w in zip(graph_grads, want, strict=True):
+            _bitwise(got.detach(), w)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: public(*a), backend="aot_eager", fullgraph=True)
+    out, grads = _out_and_grads(compiled, args)
+    _bitwise(out, direct)
+    for got, w in zip(grads, want, strict=True):
+        _bitwise(got, w)
+
+
+def test_parameters_take_the_direct_path():
+    """nn.Parameter weights (a model's) are plain tensors: without grad the implementation is
+    called directly, with grad the autograd.Function runs, forward and backward; never the
+    dispatcher (which `_Dispatched` sees, as it sees matmul_softmax's, which has no Function)."""
+    x, w, b = _r(3, 40), torch.nn.Parameter(_r(40)), torch.nn.Parameter(_r(40))
+    xm, wm, bm = _r(12, 16), torch.nn.Parameter(_r(16, 24)), torch.nn.Parameter(_r(24))
+    want = F.layer_norm(x.double(), (40,), w.double(), b.double())
+    with torch.no_grad(), _Dispatched() as seen:
         assert rel_err(kernels.layer_norm(x, w, b), want) <= 2 * TOL[torch.float32]
-        xm, wm, bm = _r(12, 16), torch.nn.Parameter(_r(16, 24)), torch.nn.Parameter(_r(24))
         kernels.linear_act(xm, wm, bm)
         kernels.matmul_softmax(xm, wm, bm)
-    y = kernels.layer_norm(x, w, b)
-    y.backward(torch.ones_like(y))
-    assert w.grad is not None and b.grad is not None
+    assert seen.ops == []
+    with _Dispatched() as seen:
+        y = kernels.layer_norm(x, w, b)
+        y.backward(torch.ones_like(y))
+        kernels.linear_act(xm, wm, bm).sum().backward()
+    assert seen.ops == [] and w.grad is not None and b.grad is not None and bm.grad is not None
+    with _Dispatched() as seen:
+        kernels.matmul_softmax(xm, wm, bm)
+    assert seen.ops == ["matmul_softmax"]

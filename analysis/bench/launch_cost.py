@@ -176,8 +176,8 @@ def cases(dev):
     ref_ms = lambda: torch.softmax(torch.addmm(bm, xm, wm), -1)  # noqa: E731
     yield "matmul_softmax", "64x64x64", dict(
         torch_eager=ref_ms, torch_compile=comp(ref_ms),
-        triton_unfused=lambda: sr.matmul_softmax_unfused(xm, wm, bm),
-        triton_fused=lambda: sr.matmul_softmax_fused(xm, wm, bm),
+        triton_unfused=lambda: sr.triton_unfused(xm, wm, bm),
+        triton_fused=lambda: sr.triton_fused(xm, wm, bm),
         public=lambda: kernels.matmul_softmax(xm, wm, bm),
         registered_op=lambda: ops.OPS["matmul_softmax"](xm, wm, bm))
     ref_la = lambda: F.gelu(torch.addmm(bm, xm, wm))  # noqa: E731

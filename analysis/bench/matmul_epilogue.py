@@ -128,9 +128,9 @@ def _ms_problem(B, K, C, dtype, s, precision):
                 bytes_impl=nbytes("torch_eager")),
         Variant("cublas", tf32(_logits, use_tf32), variant="x @ W + b alone",
                 reference=_logits, bytes_impl=nbytes("cublas")),
-        Variant("triton_unfused", functools.partial(sr.matmul_softmax_unfused, **kw),
+        Variant("triton_unfused", functools.partial(sr.triton_unfused, **kw),
                 bytes_impl=nbytes("triton_unfused")),
-        Variant("triton_fused", functools.partial(sr.matmul_softmax_fused, **kw),
+        Variant("triton_fused", functools.partial(sr.triton_fused, **kw),
                 variant=plan.method, bytes_impl=nbytes("triton_fused", plan.method)),
     ]
     for method in sr.METHODS:
@@ -141,15 +141,15 @@ def _ms_problem(B, K, C, dtype, s, precision):
         if method == sr.SIMPLE and B * C > 2**24:  # one program per row, no tensor cores: slow
             continue
         variants.append(Variant("triton_fused",
-                                functools.partial(sr.matmul_softmax_fused, method=method, **kw),
+                                functools.partial(sr.triton_fused, method=method, **kw),
                                 sweep="method", variant=method,
                                 bytes_impl=nbytes("triton_fused", method)))
-    variants += compiled_variants(sr.matmul_softmax_reference, nbytes("torch_compile"),
+    variants += compiled_variants(sr.reference, nbytes("torch_compile"),
                                   wrap=lambda f: tf32(f, use_tf32))
     return Problem(
         family="matmul_softmax", op="matmul_softmax", dtype=dtype, precision=precision,
         shape=dict(m=B, k=K, n=C), make_inputs=functools.partial(_inputs, B, K, C, dtype),
-        reference=sr.matmul_softmax_reference, bytes_model=nbytes("triton_fused"),
+        reference=sr.reference, bytes_model=nbytes("triton_fused"),
         flops_model=traffic.matmul_softmax_flops(B, K, C), tolerance=TOLERANCE[precision],
         variants=variants, graph=True)
 

@@ -25,7 +25,7 @@ from .._checks import check_contiguous, check_pow2, check_same, check_tensor, ch
 from .._tiles import cdiv, default_warps
 from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
-from .._autograd import NS, _direct, _empty_like_rows
+from .._autograd import _empty_like_rows, declare
 
 DEFAULT_BLOCK = 2048
 
@@ -201,24 +201,15 @@ def triton_fused(x, y, z, *, block=None, num_warps=None) -> torch.Tensor:
 # add_mul: (x + y) * z
 
 
-@torch.library.custom_op(f"{NS}::add_mul", mutates_args=())
-def _add_mul_op(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def _forward(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return triton_fused(x, y, z)
 
 
-@torch.library.custom_op(f"{NS}::add_mul_scalar", mutates_args=())
-def _add_mul_scalar_op(x: torch.Tensor, y: torch.Tensor, z: float) -> torch.Tensor:
+def _forward_scalar(x: torch.Tensor, y: torch.Tensor, z: float) -> torch.Tensor:
     return triton_fused(x, y, z)
 
 
-@_add_mul_op.register_fake
-def _(x, y, z):
-    _check_inputs(x, y, z)
-    return _empty_like_rows(x)
-
-
-@_add_mul_scalar_op.register_fake
-def _(x, y, z):
+def _fake(x, y, z):
     _check_inputs(x, y, z)
     return _empty_like_rows(x)
 
@@ -253,8 +244,17 @@ def _add_mul_backward(ctx, dout):
     return g, g, dz
 
 
-_add_mul_op.register_autograd(_add_mul_backward, setup_context=_add_mul_setup)
-_add_mul_scalar_op.register_autograd(_add_mul_backward, setup_context=_add_mul_setup)
+def _prepare_scalar(x, y, z):
+    if isinstance(z, bool) or not isinstance(z, (int, float)):
+        _check_inputs(x, y, z)  # raises the direct path's error
+    return x, y, float(z)
+
+
+_ADD_MUL = declare("add_mul", _forward, _fake, setup=_add_mul_setup, backward=_add_mul_backward,
+                   direct=triton_fused)
+_ADD_MUL_SCALAR = declare("add_mul_scalar", _forward_scalar, _fake, setup=_add_mul_setup,
+                          backward=_add_mul_backward, direct=triton_fused,
+                          prepare=_prepare_scalar)
 
 
 def add_mul(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:
@@ -264,10 +264,4 @@ def add_mul(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:
     the CPU under TRITON_INTERPRET=1). z: a tensor of the same dtype broadcastable to x, or a Python
     number. The sum and product are computed in float32 and rounded once to x's dtype.
     """
-    if _direct(x, y, z):
-        return triton_fused(x, y, z)
-    if isinstance(z, torch.Tensor):
-        return _add_mul_op(x, y, z)
-    if isinstance(z, bool) or not isinstance(z, (int, float)):
-        _check_inputs(x, y, z)  # raises the eager error
-    return _add_mul_scalar_op(x, y, float(z))
+    return (_ADD_MUL if isinstance(z, torch.Tensor) else _ADD_MUL_SCALAR)(x, y, z)

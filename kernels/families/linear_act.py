@@ -20,7 +20,7 @@ from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
 from .._matmul import (ACTIVATIONS, GemmLaunch, _activation_kernel, _check_operands, _gemm,
                           _precision, gemm_launch, run_gemm)
-from .._autograd import _PLAIN, NS, _direct, _no_double_backward
+from .._autograd import declare
 
 
 def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
@@ -107,25 +107,6 @@ IMPLS = {"reference": linear_act_reference, "triton_unfused": linear_act_unfused
 # act(x @ weight + bias)
 
 
-@torch.library.custom_op(f"{NS}::linear_act", mutates_args=())
-def _linear_act_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   activation: str) -> torch.Tensor:
-    return linear_act_fused(x, weight, bias, activation)
-
-
-@_linear_act_op.register_fake
-def _(x, weight, bias, activation):
-    _check_operands(x, weight, bias, "K", "N")
-    _check_activation(activation)
-    return x.new_empty((x.shape[0], weight.shape[1]))
-
-
-def _linear_act_setup(ctx, inputs, output):
-    x, weight, bias, activation = inputs
-    ctx.save_for_backward(x, weight, bias)
-    ctx.activation = activation
-
-
 @triton.jit
 def _activation_grad_kernel(h_ptr, dy_ptr, dh_ptr, n, ACTIVATION: tl.constexpr,
                             BLOCK: tl.constexpr):
@@ -163,56 +144,51 @@ def backward(dy, x, weight, bias, activation, need_dx, need_dw, need_db) -> tupl
             dh.sum(0, dtype=torch.float32).to(bias.dtype) if need_db else None)
 
 
-@torch.library.custom_op(f"{NS}::linear_act_backward", mutates_args=())
-def _linear_act_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                            bias: torch.Tensor | None, activation: str, need_dx: bool,
-                            need_dw: bool, need_db: bool
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             activation: str) -> torch.Tensor:
+    return linear_act_fused(x, weight, bias, activation)
+
+
+def _fake(x, weight, bias, activation):
+    _check_operands(x, weight, bias, "K", "N")
+    _check_activation(activation)
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+def _backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None, activation: str, need_dx: bool, need_dw: bool,
+                 need_db: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`backward` as an op (for torch.compile and create_graph): a gradient not needed is an
     empty tensor (a custom op's outputs cannot be None)."""
     grads = backward(dy, x, weight, bias, activation, need_dx, need_dw, need_db)
     return tuple(x.new_empty((0,)) if g is None else g for g in grads)
 
 
-@_linear_act_backward_op.register_fake
-def _(dy, x, weight, bias, activation, need_dx, need_dw, need_db):
+def _backward_fake(dy, x, weight, bias, activation, need_dx, need_dw, need_db):
     none = x.new_empty((0,))
     return (x.new_empty(x.shape) if need_dx else none,
             weight.new_empty(weight.shape) if need_dw else none.clone(),
             bias.new_empty(bias.shape) if need_db else none.clone())
 
 
-def _linear_act_backward(ctx, dy):
+def _setup(ctx, inputs, output):
+    x, weight, bias, activation = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.activation = activation
+
+
+def _backward(ctx, bwd, dy):
     x, weight, bias = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = _linear_act_backward_op(dy, x, weight, bias, ctx.activation, need[0], need[1],
-                                         bias is not None and need[2])
+    dx, dw, db = bwd(dy, x, weight, bias, ctx.activation, need[0], need[1],
+                     bias is not None and need[2])
     return (dx if need[0] else None, dw if need[1] else None,
             db if bias is not None and need[2] else None, None)
 
 
-class _LinearAct(torch.autograd.Function):
-    """Eager autograd: the same kernels at less host cost a call than the custom op's autograd;
-    under create_graph the backward is the registered op (no second derivative)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, activation):
-        ctx.save_for_backward(x, weight, bias)
-        ctx.activation = activation
-        return linear_act_fused(x, weight, bias, activation)
-
-    @staticmethod
-    def backward(ctx, dy):
-        if torch.is_grad_enabled():
-            return _linear_act_backward(ctx, dy)
-        x, weight, bias = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        return (*backward(dy, x, weight, bias, ctx.activation, need[0], need[1],
-                          bias is not None and need[2]), None)
-
-
-_linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act_setup)
-_linear_act_backward_op.register_autograd(_no_double_backward("linear_act's backward"))
+_LINEAR_ACT = declare("linear_act", _forward, _fake, setup=_setup, backward=_backward,
+                      backward_op=_backward_op, backward_fake=_backward_fake,
+                      eager_backward=backward, direct=linear_act_fused, function=True)
 
 
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
@@ -224,9 +200,4 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,
     bias (N,) or None; activation "relu", "gelu" (exact erf), "gelu_tanh" or "none". One dtype for
     all (float32, float16, bfloat16), any strides. float32 runs the matmul in TF32.
     """
-    if _direct(x, weight, bias):
-        return linear_act_fused(x, weight, bias, activation)
-    if not torch.compiler.is_compiling() and all(
-            t is None or type(t) in _PLAIN for t in (x, weight, bias)):
-        return _LinearAct.apply(x, weight, bias, activation)
-    return _linear_act_op(x, weight, bias, activation)
+    return _LINEAR_ACT(x, weight, bias, activation)

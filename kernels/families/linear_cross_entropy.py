@@ -35,7 +35,7 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
-from .._autograd import NS, _direct
+from .._autograd import declare
 from .._buffers import empty
 from .._checks import check_pow2, check_same, check_tensor
 from .._tiles import next_pow2
@@ -252,18 +252,15 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
 # the op: the gradients made in the forward, scaled in the backward
 
 
-@torch.library.custom_op(f"{NS}::linear_cross_entropy", mutates_args=())
-def _linear_cross_entropy_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                             bias: torch.Tensor | None, ignore_index: int, reduction: str,
-                             label_smoothing: float
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+             bias: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     loss, dx, dw, db = triton_fused(x, weight, target, bias, ignore_index, reduction,
                                     label_smoothing)
     return loss, dx, dw, db if db is not None else x.new_empty(0)
 
 
-@_linear_cross_entropy_op.register_fake
-def _(x, weight, target, bias, ignore_index, reduction, label_smoothing):
+def _fake(x, weight, target, bias, ignore_index, reduction, label_smoothing):
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing)
     return (x.new_empty((), dtype=torch.float32), torch.empty_like(x), weight.new_empty(weight.shape),
             bias.new_empty(bias.shape) if bias is not None else x.new_empty(0))
@@ -326,7 +323,17 @@ def _scale_unless_one(t: torch.Tensor, g: torch.Tensor, block: int = 4096) -> No
                BLOCK=block)
 
 
-_linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup)
+def _direct_loss(x, weight, target, bias, ignore_index, reduction, label_smoothing):
+    return triton_fused(x, weight, target, bias, ignore_index, reduction, label_smoothing,
+                        with_grad=False)[0]
+
+
+def _prepare(x, weight, target, bias, ignore_index, reduction, label_smoothing):
+    return x, weight, target, bias, ignore_index, reduction, float(label_smoothing)
+
+
+_LINEAR_CROSS_ENTROPY = declare("linear_cross_entropy", _forward, _fake, setup=_setup,
+                                backward=_backward, direct=_direct_loss, prepare=_prepare)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -341,11 +348,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     but for the float16 mean). reduction "mean" or "sum". One float dtype for x, weight and bias;
     the loss is float32 (as a model's loss on float32 logits). A retained graph may be
     differentiated again where the first backward's incoming gradient was 1 (a loss's own)."""
-    if _direct(x, weight, bias):
-        return triton_fused(x, weight, target, bias, ignore_index, reduction, label_smoothing,
-                            with_grad=False)[0]
-    return _linear_cross_entropy_op(x, weight, target, bias, ignore_index, reduction,
-                                    float(label_smoothing))[0]
+    return _LINEAR_CROSS_ENTROPY(x, weight, target, bias, ignore_index, reduction,
+                                 label_smoothing)
 
 
 __all__ = ["linear_cross_entropy", "reference", "triton_fused"]

@@ -30,7 +30,7 @@ from .._dot import dot as _dot
 from .._dot import upcast_bf16 as _upcast_bf16
 from .._bmm import DOT_MIN, _bmm
 from .._stored_softmax import softmax_rows
-from .._autograd import NS, _direct
+from .._autograd import declare
 
 PRECISIONS = ("ieee", "tf32")
 
@@ -272,13 +272,11 @@ __all__ = ["fused_softmax", "reference", "softmax_mult", "triton_fused", "triton
 # softmax(x) @ v
 
 
-@torch.library.custom_op(f"{NS}::softmax_matmul", mutates_args=())
-def _softmax_matmul_op(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _forward(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return triton_fused(x, v)
 
 
-@_softmax_matmul_op.register_fake
-def _(x, v):
+def _fake(x, v):
     _check_inputs(x, v, None)
     return x.new_empty((x.shape[0], x.shape[1], v.shape[2]))
 
@@ -299,7 +297,8 @@ def _softmax_matmul_backward(ctx, dout):
     return dx, dv
 
 
-_softmax_matmul_op.register_autograd(_softmax_matmul_backward, setup_context=_softmax_matmul_setup)
+_SOFTMAX_MATMUL = declare("softmax_matmul", _forward, _fake, setup=_softmax_matmul_setup,
+                          backward=_softmax_matmul_backward, direct=triton_fused)
 
 
 def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -311,6 +310,4 @@ def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     default; see triton_fused for tf32 and block sizes. Returns (batch, d1, d3) in x's
     dtype.
     """
-    if _direct(x, v):
-        return triton_fused(x, v)
-    return _softmax_matmul_op(x, v)
+    return _SOFTMAX_MATMUL(x, v)

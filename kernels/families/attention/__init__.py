@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._autograd import _PLAIN, NS, _direct, _no_double_backward
+from ..._autograd import declare
 from . import backward as _fab
 from . import forward as _fa
 from .forward import default_config, default_scale, reference, triton_fused, triton_unfused
@@ -19,40 +19,36 @@ __all__ = ["attention", "default_config", "default_scale", "reference", "triton_
 # attention
 
 
-@torch.library.custom_op(f"{NS}::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, per-row log-sum-exp for the backward)."""
     return _fa.triton_fused(q, k, v, causal, sm_scale, return_lse=True)
 
 
-@_attention_op.register_fake
-def _(q, k, v, causal, sm_scale):
+def _fake(q, k, v, causal, sm_scale):
     _fa._check_inputs(q, k, v, causal, sm_scale)
     batch, heads, seq, _ = q.shape
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((batch * heads, seq), dtype=torch.float32))
 
 
-@torch.library.custom_op(f"{NS}::attention_backward", mutates_args=())
-def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                           lse: torch.Tensor, dout: torch.Tensor, causal: bool,
-                           sm_scale: float | None
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """sm_scale None: the forward's default, 1/sqrt(head_dim)."""
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, dout: torch.Tensor, causal: bool, sm_scale: float | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward kernels; sm_scale None: the forward's default,
+    1/sqrt(head_dim)."""
     if sm_scale is None:
         sm_scale = _fa.default_scale(q.shape[-1])
     return _fab.attention_backward(q, k, v, out, lse, dout, causal, sm_scale)
 
 
-@_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, causal, sm_scale):
+def _backward_fake(q, k, v, out, lse, dout, causal, sm_scale):
     # Contiguous, as the kernels write them (empty_like would keep the strides of a dense view
     # such as (batch, seq, heads, dim).transpose(1, 2), which Inductor then asserts on).
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _attention_setup(ctx, inputs, output):
+def _setup(ctx, inputs, output):
     q, k, v, causal, sm_scale = inputs
     ctx.save_for_backward(q, k, v, *output)
     ctx.causal = causal
@@ -61,37 +57,19 @@ def _attention_setup(ctx, inputs, output):
     ctx.sm_scale = sm_scale
 
 
-def _attention_backward(ctx, dout, _dlse):
-    """FlashAttention-2's backward kernels (kernels.families.attention.backward)."""
+def _backward(ctx, bwd, dout, *_):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.sm_scale)
+    dq, dk, dv = bwd(q, k, v, out, lse, dout, ctx.causal, ctx.sm_scale)
     return dq, dk, dv, None, None
 
 
-_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
-_attention_backward_op.register_autograd(_no_double_backward("attention's backward"))
+def _prepare(q, k, v, causal, sm_scale):
+    return q, k, v, bool(causal), None if sm_scale is None else float(sm_scale)
 
 
-class _Attention(torch.autograd.Function):
-    """Eager autograd without the dispatcher: the same kernels as the registered op, at less host
-    cost a call."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        out, lse = _fa.triton_fused(q, k, v, causal, sm_scale, return_lse=True)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: the registered op (no 2nd derivative)
-            dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, ctx.causal, ctx.sm_scale)
-        else:
-            scale = _fa.default_scale(q.shape[-1]) if ctx.sm_scale is None else ctx.sm_scale
-            dq, dk, dv = _fab.attention_backward(q, k, v, out, lse, dout, ctx.causal, scale)
-        return dq, dk, dv, None, None
+_ATTENTION = declare("attention", _forward, _fake, setup=_setup, backward=_backward,
+                     backward_op=_backward_op, backward_fake=_backward_fake,
+                     direct=_fa.triton_fused, prepare=_prepare, function=True)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -107,9 +85,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     PyTorch's `causal_lower_right` define it for a KV cache (the same as top-left when
     seq_q == seq_k); more queries than keys is refused.
     """
-    if _direct(q, k, v):
-        return _fa.triton_fused(q, k, v, causal, sm_scale)
-    causal, sm_scale = bool(causal), None if sm_scale is None else float(sm_scale)
-    if not torch.compiler.is_compiling() and all(type(t) in _PLAIN for t in (q, k, v)):
-        return _Attention.apply(q, k, v, causal, sm_scale)
-    return _attention_op(q, k, v, causal, sm_scale)[0]
+    return _ATTENTION(q, k, v, causal, sm_scale)

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import backward as _bwd
 from ..._buffers import empty, empty_like
 from ..._checks import (FLOAT_DTYPES, as_rows, check_contiguous, check_pow2, check_same,
                         check_tensor, check_warps, is_fake)
@@ -33,8 +32,8 @@ from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
 from .backward import BWD_MAX_ONE_TILE, bwd_groups
 from .forward import MAX_ONE_TILE, TUNE_FROM_BYTES, fwd_launch, run_forward, tuned_launch
-from ..._autograd import _PLAIN, NS, _direct, _empty_like_rows, _no_double_backward
-from . import backward as _lnb
+from ..._autograd import _empty_like_rows, declare
+from . import backward as _bwd
 
 
 def reference(x: torch.Tensor, weight, bias, eps: float = 1e-5) -> torch.Tensor:
@@ -199,31 +198,6 @@ def _fused_forward(x, weight, bias, eps, block, num_warps, groups, stats=True):
                           stats)
 
 
-class _LayerNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, block, num_warps, groups):
-        y, stats = _fused_forward(x, weight, bias, eps, block, num_warps, groups)
-        ctx.save_for_backward(x, weight, bias, stats)
-        ctx.options = (block, num_warps, groups)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, bias, stats = ctx.saved_tensors
-        need_dw = weight is not None and ctx.needs_input_grad[1]
-        need_db = bias is not None and ctx.needs_input_grad[2]
-        if torch.is_grad_enabled():
-            # create_graph=True: the registered backward op keeps the gradients connected to
-            # their inputs, so a second derivative through them raises (_no_double_backward)
-            # instead of being pruned from the graph and silently missing.
-            dx, dw, db = torch.ops.triton_fusion.layer_norm_backward(
-                dy.contiguous(), x, weight, bias, stats, need_dw, need_db)
-        else:
-            dx, dw, db = _bwd.backward(dy, x, weight, stats, need_dw, need_db, *ctx.options,
-                                       None if bias is None else bias.dtype, shared_dwdb=True)
-        return dx, dw if need_dw else None, db if need_db else None, None, None, None, None
-
-
 def triton_fused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, block=None,
                  num_warps=None, groups=None) -> torch.Tensor:
     """Fused LayerNorm, differentiable: one forward kernel; backward one kernel for dx and the
@@ -235,7 +209,7 @@ def triton_fused(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5, *, 
     at most one per row)."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (x, weight, bias)):
-        return _LayerNorm.apply(x, weight, bias, eps, block, num_warps, groups)
+        return _LAYER_NORM.function.apply(x, weight, bias, eps, block, num_warps, groups)
     # Nothing to differentiate: skip the autograd.Function's bookkeeping (host time) and the
     # statistics.
     return _fused_forward(x, weight, bias, eps, block, num_warps, groups, stats=False)[0]
@@ -278,55 +252,71 @@ __all__ = ["BWD_MAX_ONE_TILE", "MAX_ONE_TILE", "bwd_groups", "reference",
 # LayerNorm; fused forward and backward
 
 
-@torch.library.custom_op(f"{NS}::layer_norm", mutates_args=())
-def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    y, stats = _fused_forward(x, weight, bias, eps, None, None, None)
-    return y, stats
+def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fused_forward(x, weight, bias, eps, None, None, None)
 
 
-@_layer_norm_op.register_fake
-def _(x, weight, bias, eps):
+def _fake(x, weight, bias, eps):
     _, n_rows, _ = _check_inputs(x, weight, bias, eps)
     return _empty_like_rows(x), x.new_empty((2, n_rows), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{NS}::layer_norm_backward", mutates_args=())
-def _layer_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                            bias: torch.Tensor | None, stats: torch.Tensor, need_dw: bool,
-                            need_db: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                 bias: torch.Tensor | None, stats: torch.Tensor, need_dw: bool, need_db: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """bias is passed for its dtype only (dbias is returned in it)."""
-    dx, dw, db = _lnb.backward(dy, x, weight, stats, need_dw, need_db, None, None, None,
+    dx, dw, db = _bwd.backward(dy, x, weight, stats, need_dw, need_db, None, None, None,
                                None if bias is None else bias.dtype)
     # A custom op's outputs cannot be None (nor alias each other): an empty tensor of its own
     # stands for "not needed".
     return (dx, x.new_empty((0,)) if dw is None else dw, x.new_empty((0,)) if db is None else db)
 
 
-@_layer_norm_backward_op.register_fake
-def _(dy, x, weight, bias, stats, need_dw, need_db):
+def _backward_fake(dy, x, weight, bias, stats, need_dw, need_db):
     n = x.shape[-1]
     dw = x.new_empty((n,), dtype=weight.dtype) if need_dw else x.new_empty((0,))
     db = x.new_empty((n,), dtype=bias.dtype) if need_db else x.new_empty((0,))
     return _empty_like_rows(x), dw, db
 
 
-def _layer_norm_setup(ctx, inputs, output):
+def _eager_backward(dy, x, weight, bias, stats, need_dw, need_db, block=None, num_warps=None,
+                    groups=None):
+    """The Function's, without a graph: its options, and dweight and dbias in one allocation."""
+    return _bwd.backward(dy, x, weight, stats, need_dw, need_db, block, num_warps, groups,
+                         None if bias is None else bias.dtype, shared_dwdb=True)
+
+
+def _setup(ctx, inputs, output):
     x, weight, bias, eps = inputs
     ctx.save_for_backward(x, weight, bias, output[1])
 
 
-def _layer_norm_backward(ctx, dy, _dstats):
+def _backward(ctx, bwd, dy, *_):
     x, weight, bias, stats = ctx.saved_tensors
     need_dw = weight is not None and ctx.needs_input_grad[1]
     need_db = bias is not None and ctx.needs_input_grad[2]
-    dx, dw, db = _layer_norm_backward_op(dy.contiguous(), x, weight, bias, stats, need_dw,
-                                         need_db)
+    dx, dw, db = bwd(dy.contiguous(), x, weight, bias, stats, need_dw, need_db)
     return dx, dw if need_dw else None, db if need_db else None, None
 
 
-_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
-_layer_norm_backward_op.register_autograd(_no_double_backward("layer_norm's backward"))
+def _forward_only(x, weight, bias, eps):
+    """The direct path: nothing to differentiate, no statistics stored."""
+    return _fused_forward(x, weight, bias, eps, None, None, None, stats=False)[0]
+
+
+def _prepare(x, weight, bias, eps):
+    # float() would take True, "1e-5" or a tensor: refuse them as the direct path does (this path
+    # also takes nn.Parameter weights); a float's value is checked by the op.
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        _check_eps(eps)
+    return x, weight, bias, float(eps)
+
+
+_LAYER_NORM = declare(
+    "layer_norm", _forward, _fake, setup=_setup, backward=_backward, backward_op=_backward_op,
+    backward_fake=_backward_fake, eager_backward=_eager_backward, direct=_forward_only,
+    prepare=_prepare, function=True, forward_with_options=_fused_forward)
 
 
 def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
@@ -337,15 +327,4 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
     last dim contiguous. weight, bias: None or contiguous (N,) tensors on x's device, N =
     x.shape[-1], of x's dtype or float32 (as F.layer_norm takes them in mixed precision).
     Statistics and math in float32; output and dx in x's dtype, dweight and dbias in theirs."""
-    if _direct(x, weight, bias):
-        return _fused_forward(x, weight, bias, eps, None, None, None, stats=False)[0]
-    if not torch.compiler.is_compiling() and all(
-            t is None or type(t) in _PLAIN for t in (x, weight, bias)):
-        # Eager autograd: the autograd.Function costs the host about 40% less than the custom
-        # op's autograd (same kernels; under create_graph its backward is this module's op).
-        return triton_fused(x, weight, bias, eps)
-    # float() would take True, "1e-5" or a tensor: refuse them as the eager path does (this path
-    # also takes nn.Parameter weights); a float's value is checked by the op.
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        _check_eps(eps)
-    return _layer_norm_op(x, weight, bias, float(eps))[0]
+    return _LAYER_NORM(x, weight, bias, eps)

@@ -60,7 +60,7 @@ from ..._stored_softmax import softmax_rows
 from ..._matmul import (GROUP, _check_operands, _gemm, _precision, _pow2, gemm_launch, k_major,
                         operand_strides, run_gemm, tf32_copies, tma_specs)
 
-from ..._autograd import NS, _direct
+from ..._autograd import declare
 from .kernels import (_ms_combine_kernel, _ms_normalize_kernel, _ms_pass_tma_kernel,
                       _ms_probs_kernel, _ms_simple_kernel, _ms_split_kernel,
                       _ms_split_softmax_kernel, _ms_stats_kernel, _ms_tiled_kernel,
@@ -69,11 +69,10 @@ from .plan import (METHODS, MatmulSoftmaxPlan, ONLINE, SIMPLE, SPLIT_K, STORE_SO
                    STORE_SOFTMAX_MAX_C, TILED, TWO_PASS_STORE, matmul_softmax_plan)
 
 __all__ = ["METHODS", "MatmulSoftmaxPlan", "ONLINE", "SIMPLE", "SPLIT_K", "STORE_SOFTMAX", "TILED",
-           "TWO_PASS_STORE", "matmul_softmax", "matmul_softmax_fused",
-           "matmul_softmax_plan", "matmul_softmax_reference", "matmul_softmax_unfused", "reference",
-           "triton_fused", "triton_unfused"]
+           "TWO_PASS_STORE", "matmul_softmax", "matmul_softmax_plan", "reference", "triton_fused",
+           "triton_unfused"]
 
-def matmul_softmax_reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+def reference(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """The semantics, in PyTorch eager (matmul, bias add and softmax: three kernels).
 
     float32 inputs follow torch.backends.cuda.matmul.allow_tf32, which the caller controls
@@ -100,7 +99,7 @@ def _aligned_rows(weight: torch.Tensor, B: int) -> torch.Tensor:
 
 
 class _FusedLaunch(NamedTuple):
-    """How matmul_softmax_fused runs one layout (cached): the plan, whether weight is copied into
+    """How triton_fused runs one layout (cached): the plan, whether weight is copied into
     16-byte-aligned rows first (_aligned_rows), the strides the kernels take (x's, the weight's
     they read, bias's, out's row), their dot constexprs and options, and which operands are
     copied K-contiguous first (_matmul.tf32_copies)."""
@@ -165,9 +164,8 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
 _PLANS = plan_cache()
 
 
-def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None,
-                         block_k=None, input_precision=None, num_warps=None,
-                         num_stages=None) -> torch.Tensor:
+def triton_fused(x, weight, bias=None, *, method=None, block_b=None, block_c=None, block_k=None,
+                 input_precision=None, num_warps=None, num_stages=None) -> torch.Tensor:
     """softmax(x @ weight + bias, -1) with the logits never stored as a separate intermediate
     (for "two_pass_store" and "store_softmax", stored once in the output buffer and rewritten in
     place).
@@ -266,9 +264,9 @@ def matmul_softmax_fused(x, weight, bias=None, *, method=None, block_b=None, blo
     return out
 
 
-def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_m=None,
-                           block_n=None, block_k=None, group_m=None, num_warps=None,
-                           num_stages=None, softmax_block=None) -> torch.Tensor:
+def triton_unfused(x, weight, bias=None, *, input_precision=None, block_m=None, block_n=None,
+                   block_k=None, group_m=None, num_warps=None, num_stages=None,
+                   softmax_block=None) -> torch.Tensor:
     """Two Triton kernels: logits = x @ weight + bias (the bias in the matmul's epilogue), stored
     (B, C) in x's dtype; then a row softmax of them. The block/warp/stage options go to the matmul;
     softmax_block is the softmax's tile (default: the whole row up to 16384, else online tiles).
@@ -287,22 +285,18 @@ def matmul_softmax_unfused(x, weight, bias=None, *, input_precision=None, block_
     return softmax_rows(logits, out, block=softmax_block, max_block=16384)
 
 
-IMPLS = {"reference": matmul_softmax_reference, "triton_unfused": matmul_softmax_unfused,
-         "triton_fused": matmul_softmax_fused}
+IMPLS = {"reference": reference, "triton_unfused": triton_unfused, "triton_fused": triton_fused}
 
 
 # ------------------------------------------------------------------------------------------------
 # softmax(x @ weight + bias)
 
 
-@torch.library.custom_op(f"{NS}::matmul_softmax", mutates_args=())
-def _matmul_softmax_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                       ) -> torch.Tensor:
-    return matmul_softmax_fused(x, weight, bias)
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return triton_fused(x, weight, bias)
 
 
-@_matmul_softmax_op.register_fake
-def _(x, weight, bias):
+def _fake(x, weight, bias):
     _check_operands(x, weight, bias)
     return x.new_empty((x.shape[0], weight.shape[1]))
 
@@ -326,7 +320,8 @@ def _matmul_softmax_backward(ctx, dy):
     return dx, dw, db
 
 
-_matmul_softmax_op.register_autograd(_matmul_softmax_backward, setup_context=_matmul_softmax_setup)
+_MATMUL_SOFTMAX = declare("matmul_softmax", _forward, _fake, setup=_matmul_softmax_setup,
+                          backward=_matmul_softmax_backward, direct=triton_fused)
 
 
 def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -335,11 +330,4 @@ def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Te
 
     x (B, K), weight (K, C), bias (C,) or None; one dtype (float32, float16, bfloat16), on CUDA (or
     on the CPU under TRITON_INTERPRET=1). Returns (B, C) probabilities in x's dtype."""
-    if _direct(x, weight, bias):
-        return matmul_softmax_fused(x, weight, bias)
-    return _matmul_softmax_op(x, weight, bias)
-
-
-# The role names every family has.
-reference, triton_unfused, triton_fused = (matmul_softmax_reference, matmul_softmax_unfused,
-                                           matmul_softmax_fused)
+    return _MATMUL_SOFTMAX(x, weight, bias)

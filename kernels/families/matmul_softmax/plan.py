@@ -42,7 +42,7 @@ SPLIT_K_MIN_SLICES = 4
 
 
 class MatmulSoftmaxPlan(NamedTuple):
-    """How matmul_softmax_fused runs a shape: the method and its launch parameters."""
+    """How triton_fused runs a shape: the method and its launch parameters."""
 
     method: str
     precision: str
@@ -57,7 +57,7 @@ class MatmulSoftmaxPlan(NamedTuple):
 def matmul_softmax_plan(B, K, C, dtype, *, method=None, input_precision=None, block_b=None,
                         block_c=None, block_k=None, num_warps=None, num_stages=None,
                         sm_count=INTERPRETER_SM_COUNT) -> MatmulSoftmaxPlan:
-    """The method and tiles matmul_softmax_fused uses (defaults filled in, overrides checked).
+    """The method and tiles triton_fused uses (defaults filled in, overrides checked).
 
     method=None: "simple" for small problems (B * K * C <= SIMPLE_MAX_WORK, C <= MAX_SIMPLE_C), else
     "tiled" when C fits one tile (C <= MAX_TILED_C), else "online" when K is small

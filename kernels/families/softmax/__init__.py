@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from ..._autograd import _PLAIN, NS, _direct, _empty_like_rows, _no_double_backward
+from ..._autograd import _empty_like_rows, declare
 from ..._checks import as_rows
 from . import backward as _smb
 from . import forward as _sm
@@ -22,58 +22,33 @@ __all__ = ["plan", "reference", "softmax", "triton_fused", "triton_unfused"]
 # softmax over the last dim; fused backward
 
 
-@torch.library.custom_op(f"{NS}::softmax", mutates_args=())
-def _softmax_op(x: torch.Tensor) -> torch.Tensor:
+def _forward(x: torch.Tensor) -> torch.Tensor:
     return _sm.triton_fused(x)
 
 
-@_softmax_op.register_fake
-def _(x):
+def _fake(x):
     as_rows("x", x)
     return _empty_like_rows(x)
 
 
-@torch.library.custom_op(f"{NS}::softmax_backward", mutates_args=())
-def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def _backward_impl(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return _smb.softmax_backward(y, dy)
 
 
-@_softmax_backward_op.register_fake
-def _(y, dy):
-    return _empty_like_rows(y)
-
-
-def _softmax_setup(ctx, inputs, output):
+def _setup(ctx, inputs, output):
     ctx.save_for_backward(output)
 
 
-def _softmax_backward(ctx, dy):
+def _backward(ctx, bwd, dy):
     (y,) = ctx.saved_tensors
-    return _softmax_backward_op(y, dy.contiguous())
+    return bwd(y, dy.contiguous())
 
 
-_softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
-_softmax_backward_op.register_autograd(_no_double_backward("softmax's backward"))
-
-
-class _Softmax(torch.autograd.Function):
-    """Eager autograd without the dispatcher: the same kernels as the registered op, at less host
-    cost a call (the custom op's autograd goes through the dispatcher twice a direction)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        y = _sm.triton_fused(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # create_graph=True: the registered backward op keeps dx connected to its inputs, so
-            # a second derivative through it raises instead of being silently missing.
-            return _softmax_backward_op(y, dy.contiguous())
-        return _smb.own_output_backward(y, dy.contiguous())
+# The Function's backward without a graph: its own y skips softmax_backward's checks.
+_SOFTMAX = declare("softmax", _forward, _fake, setup=_setup, backward=_backward,
+                   backward_op=_backward_impl, backward_fake=lambda y, dy: _empty_like_rows(y),
+                   eager_backward=_smb.own_output_backward,
+                   direct=_sm.triton_fused, function=True)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -94,11 +69,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
             return softmax(x.movedim(dim, -1), -1).movedim(-1, dim)
     if isinstance(x, torch.Tensor) and not x.is_contiguous() and not _rows_in_place(x):
         x = x.contiguous()
-    if _direct(x):
-        return _sm.triton_fused(x)
-    if not torch.compiler.is_compiling() and type(x) in _PLAIN:
-        return _Softmax.apply(x)
-    return _softmax_op(x)
+    return _SOFTMAX(x)
 
 
 def _rows_in_place(x: torch.Tensor) -> bool:

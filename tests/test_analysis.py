@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from triton_fusion_report.analysis.bench import __main__ as cli
-from triton_fusion_report.analysis.bench import families, schema
+from triton_fusion_report.analysis import schema
+from triton_fusion_report.analysis.bench import families
 from triton_fusion_report.analysis.bench.sweep import Problem, Variant, run
 from triton_fusion_report.analysis.model import traffic
 
@@ -368,7 +369,7 @@ def test_op_filter_refuses_an_unknown_op_before_measuring(tmp_path, capsys):
 
 def _fake_run(folder, run_id, rows):
     """A results folder of one run: the given softmax rows and a copy-bandwidth limit."""
-    from triton_fusion_report.analysis.bench.schema import ParquetSink, family_schema, limits_schema
+    from triton_fusion_report.analysis.schema import ParquetSink, family_schema, limits_schema
 
     folder.mkdir()
     sink = ParquetSink(folder / "softmax.parquet", family_schema("softmax"))
@@ -467,7 +468,7 @@ def test_provenance(tmp_path, monkeypatch):
 def test_kernel_hash_follows_the_family_code_not_its_files(tmp_path, monkeypatch):
     """A family's kernel hash changes with the code its op and the private modules it imports
     run, not with another family's, nor with comments, docstrings, imports or a file's name."""
-    from triton_fusion_report.analysis.bench import machine
+    from triton_fusion_report.analysis import sources
 
     k = tmp_path / "kernels"
     (k / "families" / "softmax").mkdir(parents=True)
@@ -478,29 +479,29 @@ def test_kernel_hash_follows_the_family_code_not_its_files(tmp_path, monkeypatch
              "families/softmax/forward": ""}
     for name, text in files.items():
         (k / f"{name}.py").write_text(text)
-    monkeypatch.setattr(machine, "ROOT", tmp_path)
-    before = {f: machine.kernel_hash(f) for f in ("elementwise", "softmax")}
+    monkeypatch.setattr(sources, "ROOT", tmp_path)
+    before = {f: sources.kernel_hash(f) for f in ("elementwise", "softmax")}
     (k / "_helper.py").write_text("y = 2\n")
-    assert machine.kernel_hash("elementwise") != before["elementwise"]
-    assert machine.kernel_hash("softmax") == before["softmax"]
+    assert sources.kernel_hash("elementwise") != before["elementwise"]
+    assert sources.kernel_hash("softmax") == before["softmax"]
     forward = k / "families" / "softmax" / "forward.py"
     forward.write_text("z = 0\n")
-    assert machine.kernel_hash("softmax") != before["softmax"]
+    assert sources.kernel_hash("softmax") != before["softmax"]
     # Comments and docstrings are not the code a row ran: editing them keeps the hash.
-    edited = machine.kernel_hash("softmax")
+    edited = sources.kernel_hash("softmax")
     forward.write_text('"""µs-long rows."""\n# why\nz = 0  # 1 µs\n\n\n'
                        'def f():\n    """Doc."""\n    return "# kept"\n')
-    with_f = machine.kernel_hash("softmax")
+    with_f = sources.kernel_hash("softmax")
     assert with_f != edited  # a function added
     forward.write_text('z = 0\n\ndef f():\n    """Other doc, ×."""\n'
                        '    return "# kept"  # another comment\n')
-    assert machine.kernel_hash("softmax") == with_f
+    assert sources.kernel_hash("softmax") == with_f
     # f moved to a module of its own: the same code, the same hash.
     forward.write_text("from ._f import f\nz = 0\n")
     (k / "families" / "softmax" / "_f.py").write_text('def f():\n    return "# kept"\n')
-    assert machine.kernel_hash("softmax") == with_f
+    assert sources.kernel_hash("softmax") == with_f
     forward.write_text('z = 0\ndef f():\n    return "# changed"\n')
-    assert machine.kernel_hash("softmax") != with_f  # a string that is code, not a docstring
+    assert sources.kernel_hash("softmax") != with_f  # a string that is code, not a docstring
 
 
 def test_profile_parses_ncu_csv_and_attributes_kernels():
@@ -508,6 +509,7 @@ def test_profile_parses_ncu_csv_and_attributes_kernels():
     may be scaled) becomes one row per kernel in bytes; the marker kernels split them among the
     implementations in the order they ran."""
     from triton_fusion_report.analysis.bench import profile as P
+    from triton_fusion_report.analysis.model import counters
 
     text = (Path(__file__).parent / "data" / "ncu_synthetic.csv").read_text()
     kernels = P.parse_ncu_csv(text)
@@ -526,7 +528,7 @@ def test_profile_parses_ncu_csv_and_attributes_kernels():
                                bytes_model_impl={"torch_eager": 6, "triton_fused": 4}[r["impl"]]
                                * 2**28, bytes_model=4 * 2**28)
                           for r in rows.to_dict("records")])
-    s = P.summary(table).set_index("impl")
+    s = counters.summary(table).set_index("impl")
     assert s.loc["torch_eager", "kernels"] == 2
     assert s.loc["torch_eager", "measured_over_model"] == pytest.approx(1.0)
     assert s.loc["triton_fused", "measured"] == 4 * 2**28
@@ -536,6 +538,7 @@ def test_profile_fusion_ratios_side_by_side_per_gpu():
     """Two GPUs' profiles give one row per op: the model's ratio once, each GPU's counters beside
     it under its own label; an op only one GPU profiled keeps its row with a gap for the other."""
     from triton_fusion_report.analysis.bench import profile as P
+    from triton_fusion_report.analysis.model import counters
 
     def rows(op_bytes):
         return pd.DataFrame([dict(family="f", op=op, impl=impl, kernel="k", dram_read=b,
@@ -547,9 +550,9 @@ def test_profile_fusion_ratios_side_by_side_per_gpu():
 
     h100 = rows({"a": (300.0, 100.0), "b": (400.0, 200.0)})
     h200 = rows({"a": (330.0, 110.0)})
-    one = P.fusion_ratios_by_gpu({"H100": h100})
+    one = counters.fusion_ratios_by_gpu({"H100": h100})
     assert list(one.columns) == ["op", "model_ratio", "measured_ratio", "fused_measured_over_model"]
-    both = P.fusion_ratios_by_gpu({"H100": h100, "H200": h200}).set_index("op")
+    both = counters.fusion_ratios_by_gpu({"H100": h100, "H200": h200}).set_index("op")
     assert list(both.columns) == ["model_ratio", "measured_ratio (H100)",
                                   "fused_measured_over_model (H100)", "measured_ratio (H200)",
                                   "fused_measured_over_model (H200)"]
@@ -662,6 +665,7 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     (which are dropped), one row per kernel with its metrics, failures as rows of their own;
     target_counters keeps our fused kernel and the fastest other implementation."""
     from triton_fusion_report.analysis.bench import profile as P
+    from triton_fusion_report.analysis.model import counters as K
     folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
     recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
     details = P.ncu_details(_details_with_markers(
@@ -680,14 +684,14 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     slow = rows.iloc[[1]].assign(impl="torch_eager", duration_us=1e6)
     unfused = rows.iloc[[1]].assign(impl="triton_unfused", duration_us=1.0)
     alone = rows.iloc[[1]].assign(impl="cublas", duration_us=1.0)  # the matmul alone: no rival
-    counters = P.target_counters(pd.concat([rows, slow, unfused, alone], ignore_index=True))
+    counters = K.target_counters(pd.concat([rows, slow, unfused, alone], ignore_index=True))
     assert counters["impl"].tolist() == ["triton_fused", "sdpa_cudnn"]
     # A kernel of unknown duration leaves its implementation out; no ok row, an empty table.
     unknown = rows.iloc[[1]].assign(impl="torch_compile", duration_us=float("nan"))
-    assert "torch_compile" not in set(P.details_summary(pd.concat([rows, unknown]))["impl"])
+    assert "torch_compile" not in set(K.details_summary(pd.concat([rows, unknown]))["impl"])
     failed = rows[rows["status"] == "failed"]
-    assert len(P.target_counters(failed)) == 0 and "impl" in P.target_counters(failed)
-    assert len(P.details_summary(pd.DataFrame([dict(status="failed")]))) == 0
+    assert len(K.target_counters(failed)) == 0 and "impl" in K.target_counters(failed)
+    assert len(K.details_summary(pd.DataFrame([dict(status="failed")]))) == 0
 
 
 
@@ -1379,10 +1383,10 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
     def key(p):
         return (p.op, p.precision, tuple(sorted(p.shape.items())))
 
-    for family in families.FAMILIES:
+    for family in families.PROBLEMS:
         args = SimpleNamespace(grid="book", family=[family], op=None, where=None)
         book = families.select_problems(args)
-        full = {key(p): p for p in families.FAMILIES[family]("full")}
+        full = {key(p): p for p in families.PROBLEMS[family]("full")}
         assert book and all(key(p) in full for p in book), family
         heads = [p for p in book if families.is_headline(p)]
         assert heads, f"{family}: the book grid lacks its headline case"
@@ -1397,7 +1401,7 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
                 assert not impls & (searching | left_out), (family, p.shape)
     assert families.TRIALS == {"book": 1, "full": 3, "smoke": 1}
     # The full grid keeps every baseline but attention's searching ones off its headline.
-    everything = families.FAMILIES["attention"]("full")
+    everything = families.PROBLEMS["attention"]("full")
     chosen = families.select_problems(SimpleNamespace(grid="full", family=["attention"], op=None,
                                                       where=None))
     dropped = {i for f, i in families.FULL_SEARCHES_HEADLINE_ONLY if f == "attention"}

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 
 from triton_fusion_report.analysis import book  # noqa: E402
 from triton_fusion_report.analysis.book import data as D  # noqa: E402
-from triton_fusion_report.analysis.bench.schema import FAMILY_SHAPES  # noqa: E402
+from triton_fusion_report.analysis.schema import FAMILY_SHAPES  # noqa: E402
 
 from conftest import FULL  # noqa: E402
 from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402

@@ -8,5 +8,5 @@
   columns), `sources` (the hash of the kernel code a row ran).
 
 The book and the bench never import each other; the book imports neither torch, triton nor the
-kernels (tests/test_families.py).
+kernels (tests/test_boundaries.py).
 """

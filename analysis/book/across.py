@@ -21,7 +21,6 @@ from . import figures
 # cuBLAS's matmul alone computes less than the op: a reference point, not a rival.
 COMPILE = ("torch_compile", "torch_compile_max")
 TIE = 1.05  # within 5% of the fastest holds its place: a few percent is trial spread
-# Every op of a family's file counts (backward and decoding too): its `label`, not its headline's.
 
 
 def case_label(row: pd.Series, family: str) -> str:
@@ -92,6 +91,7 @@ def place_table(cases: pd.DataFrame) -> pd.DataFrame:
         if not len(g):
             continue
         worst = g.loc[g["ratio"].idxmax()]
+        # Every op of the family's file counts (backward, decoding): its label, not its headline's.
         row = {"family": FAMILIES[family].label, "GPU": gpu,
                "held": f"{int((g['ratio'] <= TIE).sum())} of {len(g)}",
                "median": g["ratio"].median()}

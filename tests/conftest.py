@@ -92,7 +92,7 @@ def _no_tuning_on_disk(monkeypatch):
 def _no_warming_processes(monkeypatch):
     """The bench's command line, called by the pipeline tests, spawns no compiling processes
     before its sweep (the default on one GPU: up to twelve processes that each start torch, for a toy
-    grid); tests/test_analysis.py tests them by name."""
+    grid); tests/test_warm.py tests them by name."""
     from triton_fusion_report.analysis.bench import warm
 
     monkeypatch.setattr(warm, "default_workers", lambda: 0)

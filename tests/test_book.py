@@ -16,11 +16,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
 from triton_fusion_report.analysis import book  # noqa: E402
 from triton_fusion_report.analysis.book import data as D  # noqa: E402
-from triton_fusion_report.analysis.bench.schema import FAMILY_SHAPES  # noqa: E402
+from triton_fusion_report.analysis.schema import FAMILY_SHAPES  # noqa: E402
 
 from conftest import FULL  # noqa: E402
 from qmd import cells, chapters, inline_expressions, prose, run_cell  # noqa: E402
@@ -379,3 +380,23 @@ def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
     assert say in made["inline"] and attention.PREDATES_GLUON not in made["inline"]
     printed = capsys.readouterr().out
     assert "| head_dim | causal | Gluon |" in printed and "{#tbl-attn-gluon}" in printed
+
+
+def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
+    """Rows from before the direction column are the forward's; a part the folder lacks (the
+    backward) is empty, with every column, never borrowed from the reference."""
+    import shutil
+
+    from triton_fusion_report.analysis.book import data as D
+
+    from conftest import reference_before_softmax_backward
+
+    old = reference_before_softmax_backward(tmp_path / "old")
+    shutil.copy(old / "limits.parquet", tmp_path / "limits.parquet")
+    shutil.copy(old / "softmax.parquet", tmp_path / "softmax.parquet")
+    assert "direction" not in pq.read_schema(tmp_path / "softmax.parquet").names
+    fwd = D.load(tmp_path, "softmax")
+    assert len(fwd) == pq.read_metadata(tmp_path / "softmax.parquet").num_rows
+    assert (fwd["direction"] == "fwd").all()
+    bwd = D.load(tmp_path, "softmax", op="softmax_bwd")
+    assert len(bwd) == 0 and "ms_device" in bwd and "width" in bwd

@@ -22,7 +22,7 @@ try:
 except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from triton_fusion_report.analysis.bench import schema  # noqa: E402
+from triton_fusion_report.analysis import schema  # noqa: E402
 from triton_fusion_report.analysis.bench.append import CONFIG_COLUMNS, key_text  # noqa: E402
 
 TIMES = ("ms_median", "ms_device")

@@ -72,9 +72,9 @@ def _digest(out) -> str:
 def smoke_triton_calls(device: torch.device):
     """(key, fn, inputs) for every Triton implementation of every smoke configuration, with the
     seeds set so that the inputs are the same from run to run."""
-    from triton_fusion_report.analysis.bench.families import FAMILIES
+    from triton_fusion_report.analysis.bench.families import PROBLEMS
 
-    for family, problems in FAMILIES.items():
+    for family, problems in PROBLEMS.items():
         for i, problem in enumerate(problems("smoke")):
             torch.manual_seed(1000 + i)
             random.seed(1000 + i)  # scalar inputs
@@ -138,11 +138,11 @@ def public_op_calls(device: torch.device):
 def grid_plans() -> dict:
     """What the full grid's problems run, as the plans chose it: per problem, each variant's
     implementation, variant, block, warps and modelled bytes (no kernel is run)."""
-    from triton_fusion_report.analysis.bench.families import FAMILIES
+    from triton_fusion_report.analysis.bench.families import PROBLEMS
 
     return {f"plan/{family}/{p.op}/{p.precision}/{sorted(p.shape.items())}":
             [[v.impl, v.variant, v.block, v.num_warps, v.sweep, v.bytes_impl] for v in p.variants]
-            for family, problems in FAMILIES.items() for p in problems("full")}
+            for family, problems in PROBLEMS.items() for p in problems("full")}
 
 
 def fingerprint(device: torch.device) -> dict:

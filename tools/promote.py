@@ -31,7 +31,7 @@ except ImportError:  # run from a checkout without PYTHONPATH: the checkout's pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from triton_fusion_report.analysis.bench import machine  # noqa: E402
-from triton_fusion_report.analysis.bench.families import FAMILIES  # noqa: E402
+from triton_fusion_report.analysis.families import FAMILIES  # noqa: E402
 
 DATA_SUFFIXES = (".parquet", ".csv")
 KEPT_DOCUMENTS = "ncu_*.csv"
@@ -41,7 +41,8 @@ KEPT_DOCUMENTS = "ncu_*.csv"
 # the bench became a package (analysis/bench/, analysis/model/) and before (analysis/): two
 # commits on either side of the move differ there, and are refused.
 _BEFORE, _BENCH = "analysis/", "analysis/bench/"
-MEASURED = ("kernels", "analysis/bench/families.py", "analysis/model/traffic.py",
+MEASURED = ("kernels", "analysis/families.py", "analysis/bench/families.py",
+            "analysis/model/traffic.py",
             *(folder + name for folder in (_BEFORE, _BENCH)
               for name in ("__main__.py", "sweep.py", "attention.py", "elementwise.py",
                            "reductions.py", "matmul_epilogue.py", "peers.py", "schema.py")),

@@ -25,8 +25,10 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 import torch
 
-from . import schema, summary
-from .families import FAMILIES, GRIDS, select_problems
+from .. import schema
+from . import summary
+from ..families import FAMILIES
+from .families import GRIDS, select_problems
 from .run import lock, measure
 
 

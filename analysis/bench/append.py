@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema
+from .. import schema
 
 # What identifies a measured configuration besides the family's shape columns.
 CONFIG_COLUMNS = ["op", "impl", "dtype", "precision", "sweep", "variant", "block", "num_warps"]

@@ -12,20 +12,20 @@ Three grids:
 """
 from __future__ import annotations
 
-from ..book.cases import HEADLINES
-from . import attention, elementwise, matmul_epilogue, reductions, sweep, training
+import importlib
 
-FAMILIES = {
-    "elementwise": elementwise.problems,
-    "softmax": reductions.softmax_problems,
-    "layernorm": reductions.layernorm_problems,
-    "softmax_matmul": attention.softmax_matmul_problems,
-    "attention": attention.all_attention_problems,
-    "matmul_softmax": matmul_epilogue.matmul_softmax_problems,
-    "linear_act": matmul_epilogue.linear_act_problems,
-    "linear_cross_entropy": matmul_epilogue.linear_cross_entropy_problems,
-    "training": training.problems,
-}
+from ..families import FAMILIES
+from . import sweep
+
+
+def _grid(spec: str):
+    """The problems function a registry entry's `grid` ("module:function") names."""
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), function)
+
+
+# Each family's problems: PROBLEMS[family](grid) (the registry's grid functions).
+PROBLEMS = {name: _grid(f.grid) for name, f in FAMILIES.items()}
 
 
 GRIDS = ("book", "full", "smoke")
@@ -55,8 +55,8 @@ SMOKE_EVERY_SHAPE = {"torch_eager", "triton_unfused", "triton_fused"}
 
 
 def is_headline(p: sweep.Problem) -> bool:
-    """Whether the problem is its family's headline case (the book's first HEADLINES entry)."""
-    want = HEADLINES[p.family][0]
+    """Whether the problem is its family's headline case (its first registry headline)."""
+    want = FAMILIES[p.family].headlines[0]
     have = {**p.shape, "dtype": sweep.dtype_name(p.dtype), "precision": p.precision}
     return all(have.get(k) == v for k, v in want.items())
 
@@ -93,7 +93,7 @@ def select_shapes(problems: list[sweep.Problem], where: list[str] | None) -> lis
 
 def select_problems(args) -> list[sweep.Problem]:
     """The grid's problems, in a fixed order (every worker builds the same list)."""
-    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in FAMILIES[fam](args.grid)]
+    problems = [p for fam in (args.family or sorted(FAMILIES)) for p in PROBLEMS[fam](args.grid)]
     seen_ops = set()
     for p in problems:
         if args.grid == "smoke":

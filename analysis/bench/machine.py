@@ -1,21 +1,18 @@
 """Who measured: the run's metadata, and the machine's own limits measured at the start of a run."""
 from __future__ import annotations
 
-import ast
 import datetime as dt
 import hashlib
-import io
 import os
 import platform
 import subprocess
-import tokenize
 import uuid
 from pathlib import Path
 
 import torch
 import triton
 
-from . import schema
+from .. import schema
 from .timing import bench
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (installed: the package folder)
@@ -25,16 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (installed: the packa
 # (The bench and the models; not analysis/book/, which reads rows and writes none.)
 SOURCE_GLOBS = ("kernels/*.py", "analysis/*.py", "analysis/bench/*.py", "analysis/model/*.py",
                 "triton_fusion_report/*.py")
-# The kernel modules each family's Triton implementations start from (their imports within
-# kernels/ are followed); every family also runs the package's entry points.
-# The op under kernels/families/ whose code each family's rows ran (a module or a subpackage).
-FAMILY_KERNELS = {
-    "elementwise": "add_mul", "softmax": "softmax", "layernorm": "layer_norm",
-    "softmax_matmul": "softmax_matmul", "attention": "attention",
-    "matmul_softmax": "matmul_softmax", "linear_act": "linear_act",
-    "linear_cross_entropy": "linear_cross_entropy",
-    "training": ("layer_norm", "softmax"),  # forward + backward of both ops
-}
 LIMIT_REP_MS = 100  # timed repetitions of each limit (one trial)
 # HBM bandwidth on the vendor's datasheet (GB/s), by the name torch reports: a ceiling no
 # measurement reaches, shown beside the measured ones.
@@ -79,96 +66,6 @@ def _hash(paths) -> str:
     h = hashlib.sha256()
     for path in paths:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
-def _kernel_imports(path: Path) -> set[Path]:
-    """The files under kernels/ that `path` imports (relative imports only)."""
-    kernels = ROOT / "kernels"
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
-            continue
-        base = path.parent
-        for _ in range(node.level - 1):
-            base = base.parent
-        parts = node.module.split(".") if node.module else []
-        targets = [parts] if node.module else [[a.name] for a in node.names]
-        for t in targets:
-            for cand in (base.joinpath(*t).with_suffix(".py"), base.joinpath(*t, "__init__.py")):
-                if cand.is_file() and kernels in cand.parents:
-                    found.add(cand)
-    return found
-
-
-def code_text(source: str) -> str:
-    """A module's code without its comments and docstrings, whitespace collapsed: what a kernel
-    hash covers, so that a comment or a docstring edited does not mark measured data stale.
-    (Positions, not tokens or AST dumps, which differ between Python versions.)"""
-    lines = source.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-
-    def at(row: int, col: int, in_bytes: bool = False) -> int:
-        if in_bytes:  # ast's columns count UTF-8 bytes
-            col = len(lines[row - 1].encode()[:col].decode(errors="ignore"))
-        return starts[row - 1] + col
-
-    cuts = [(at(*t.start), at(*t.end)) for t in tokenize.generate_tokens(io.StringIO(source).readline)
-            if t.type == tokenize.COMMENT]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
-                and node.body and isinstance(node.body[0], ast.Expr) \
-                and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str):
-            doc = node.body[0]
-            cuts.append((at(doc.lineno, doc.col_offset, True), at(doc.end_lineno, doc.end_col_offset, True)))
-    kept, last = [], 0
-    for a, b in sorted(cuts):
-        if a >= last:
-            kept.append(source[last:a])
-            last = b
-    kept.append(source[last:])
-    return " ".join("".join(kept).split())
-
-
-def _definitions(source: str) -> list[tuple[str, str]]:
-    """(name, code) of each top-level definition of a module (functions, classes, assignments;
-    imports left out), its code as `code_text` keeps it."""
-    out = []
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # the module's docstring
-        text = code_text(ast.get_source_segment(source, node, padded=False) or "")
-        name = getattr(node, "name", None) or ",".join(
-            t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
-            if isinstance(t, ast.Name))
-        out.append((name, text))
-    return out
-
-
-def kernel_hash(family: str) -> str:
-    """Hash of the code a family's rows ran: every top-level definition (functions, classes,
-    constants; comments, docstrings and imports left out) of its ops' modules or subpackages under
-    kernels/families/ and of the private modules those import, in name order. So a comment, a
-    docstring, a moved function or a renamed file leaves it as it is; a change to the code that
-    runs, or to a shared piece the family imports, does not."""
-    ops = FAMILY_KERNELS[family]
-    todo = []
-    for name in (ops,) if isinstance(ops, str) else ops:
-        op = ROOT / "kernels" / "families" / name
-        todo += sorted(op.glob("*.py")) if op.is_dir() else [op.with_suffix(".py")]
-    seen: set[Path] = set()
-    while todo:
-        path = todo.pop()
-        if path not in seen:
-            seen.add(path)
-            todo += sorted(_kernel_imports(path) - seen)
-    h = hashlib.sha256()
-    for name, text in sorted(d for path in seen for d in _definitions(path.read_text())):
-        h.update(name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 

@@ -26,8 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from . import append, machine, schema, sweep
-from .families import FAMILIES, TIMING, TRIALS
+from .. import schema
+from . import append, machine, sweep
+from ..families import FAMILIES
+from .families import TIMING, TRIALS
 
 
 def measure(args, problems, out: Path, device: torch.device, on_row=None) -> dict[str, Path]:

@@ -18,8 +18,10 @@ import torch
 
 from ...kernels.families import softmax_matmul as smm
 
+from .. import schema
 from ..model import traffic
-from . import machine, schema
+from ..sources import kernel_hash
+from . import machine
 from .attention import SEED_BLOCKS, SEED_D2, TOLERANCE
 from .sweep import classify, max_rel_err, tf32
 
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
     meta = machine.run_metadata(device)
     sink = schema.ParquetSink(args.out / "seed002.parquet", schema.family_schema("softmax_matmul"))
     csv_rows = {"ieee": [], "tf32": []}
-    kernel_hash = machine.kernel_hash("softmax_matmul")
+    ours = kernel_hash("softmax_matmul")
     for precision in ("ieee", "tf32"):
         for d2 in args.d2:
             configs = [(False, None)] + [(True, b) for b in SEED_BLOCKS]
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
                            bytes_model=traffic.total(traffic.softmax_matmul_kernels(
                                BATCH, D1, d2, D3, 4, "triton_fused")),
                            flops_model=traffic.softmax_matmul_flops(BATCH, D1, d2, D3),
-                           kernel_hash=kernel_hash if is_triton else None)
+                           kernel_hash=ours if is_triton else None)
                 csv = dict(batch_size=BATCH, d1=D1, d2=d2, d3=D3, triton=is_triton, BLOCK=block,
                            forward_ms_mean=None, forward_ms_std=None, forward_peak_MiB=None)
                 try:

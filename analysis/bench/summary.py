@@ -8,7 +8,7 @@ import pandas as pd
 
 def config_keys(df: pd.DataFrame) -> list[str]:
     """The columns that identify a problem (family, op, dtype, shape), not the implementation."""
-    from .schema import FAMILY_SHAPES
+    from ..schema import FAMILY_SHAPES
 
     shapes = [c for fam in df["family"].unique() for c in FAMILY_SHAPES[fam]]
     return ["family", "op", "dtype", "precision", *dict.fromkeys(shapes)]

@@ -27,7 +27,8 @@ import torch
 
 from ...kernels import poisoned_outputs
 
-from . import machine, schema
+from .. import schema
+from ..sources import kernel_hash
 from .timing import bench, device_ms, peak_mib
 
 # Timed rounds per configuration (each its own warm-up and fresh inputs).
@@ -319,7 +320,7 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
         for row in _run_problem(problem, device, limits, trials, timing):
             if row["impl"].startswith("triton"):
                 if problem.family not in hashes:
-                    hashes[problem.family] = machine.kernel_hash(problem.family)
+                    hashes[problem.family] = kernel_hash(problem.family)
                 row["kernel_hash"] = hashes[problem.family]
             sink.append(dict(meta, **row))
             if bar is not None:

@@ -5,7 +5,8 @@ numbers and the chapter's sentences, everything its cells show; its figure funct
 that dict. `chapter(name, results)` computes it once per results folder and keeps it on disk, so
 the HTML and the PDF renders (Quarto runs every cell once per format) share one computation.
 
-Nothing here imports torch or the kernels: a render needs pandas and matplotlib only.
+Nothing here imports torch, triton, the kernels or the bench: a render needs pandas, pyarrow and
+matplotlib only (tests/test_boundaries.py renders every chapter with those imports refused).
 """
 from __future__ import annotations
 

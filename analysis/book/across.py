@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..bench import profile as P  # pandas only: the profiler's worker imports torch when it runs
-from ..bench.schema import FAMILY_SHAPES
+from ..families import COMPARED, FAMILIES, OPS
+from ..model import counters as K
 from ..model.roofline import PEAK_PRECISION
 from . import cases as C
 from . import data as D
@@ -21,12 +21,6 @@ from . import figures
 # cuBLAS's matmul alone computes less than the op: a reference point, not a rival.
 COMPILE = ("torch_compile", "torch_compile_max")
 TIE = 1.05  # within 5% of the fastest holds its place: a few percent is trial spread
-# Every op of a family's file counts (backward and decoding too), so the family's name alone.
-PLACE_LABEL = {**C.FAMILY_LABEL, "layernorm": "LayerNorm", "attention": "attention",
-               "linear_act": "linear + act."}
-OP_WORD = {"softmax_bwd": "bwd", "layer_norm_fwd": "fwd", "layer_norm_bwd": "bwd",
-           "attention_fwd": "fwd", "attention_fwd_bwd": "fwd+bwd", "attention_decode": "decode",
-           "softmax": "fwd"}
 
 
 def case_label(row: pd.Series, family: str) -> str:
@@ -34,7 +28,7 @@ def case_label(row: pd.Series, family: str) -> str:
     a float32 product used it), the shape's sizes joined by ×, grouped heads and KV-cache keys
     where they differ from the queries', causal."""
     dims, words = [], []
-    for col in FAMILY_SHAPES[family]:
+    for col in FAMILIES[family].shape:
         v = row.get(col)
         if v is None or pd.isna(v) or col == "direction":
             continue
@@ -50,7 +44,8 @@ def case_label(row: pd.Series, family: str) -> str:
             dims.append(str(int(v)))
     prec = row.get("precision")
     dtype = prec if prec == "tf32" else D.SHORT_DTYPE.get(row["dtype"], row["dtype"])
-    return " ".join(filter(None, [OP_WORD.get(row["op"], ""), dtype, "×".join(dims),
+    word = OPS[row["op"]].word if row["op"] in OPS else ""
+    return " ".join(filter(None, [word, dtype, "×".join(dims),
                                   ", ".join(words)]))
 
 
@@ -66,13 +61,13 @@ def place_cases(folders: list) -> pd.DataFrame:
     kernel's device time over the fastest other implementation's, and who that is."""
     rows = []
     for folder, gpu in gpu_names(folders).items():
-        for family in [f for f in PLACE_LABEL if (Path(folder) / f"{f}.parquet").exists()]:
+        for family in [f for f in COMPARED if (Path(folder) / f"{f}.parquet").exists()]:
             df = D._rows_of(Path(folder) / f"{family}.parquet", family, None)
             df = df[(df["status"] == "ok") & (df["sweep"] == "size")]
             if not len(df) or D.on_cpu(df):
                 continue
             df = df.assign(_t=C.device_time(df)).dropna(subset=["_t"])
-            keys = ["op", "dtype", "precision"] + list(FAMILY_SHAPES[family])
+            keys = ["op", "dtype", "precision"] + list(FAMILIES[family].shape)
             for _, case in df.groupby(keys, dropna=False, sort=False):
                 fused = case[case["impl"] == "triton_fused"]["_t"]
                 others = case[~case["impl"].isin(C.NOT_RIVALS)]
@@ -91,12 +86,13 @@ def place_table(cases: pd.DataFrame) -> pd.DataFrame:
     """Per family (and GPU where there are several): cases held, the median ratio, and the case
     where the fused kernel is farthest behind, by how much and who is ahead there."""
     out = []
-    for family, gpu in [(f, g) for f in PLACE_LABEL for g in cases["gpu"].unique()]:
+    for family, gpu in [(f, g) for f in COMPARED for g in cases["gpu"].unique()]:
         g = cases[(cases["family"] == family) & (cases["gpu"] == gpu)]
         if not len(g):
             continue
         worst = g.loc[g["ratio"].idxmax()]
-        row = {"family": PLACE_LABEL[family], "GPU": gpu,
+        # Every op of the family's file counts (backward, decoding): its label, not its headline's.
+        row = {"family": FAMILIES[family].label, "GPU": gpu,
                "held": f"{int((g['ratio'] <= TIE).sum())} of {len(g)}",
                "median": g["ratio"].median()}
         behind = worst["ratio"] > TIE
@@ -130,7 +126,8 @@ def place_say(cases: pd.DataFrame) -> dict:
     for family, g in first.groupby("family", sort=False):
         winners = g["best"].where(g["ratio"] > TIE, "triton_fused").value_counts()
         name = {k: "ours" if k == "triton_fused" else D.IMPL_LABEL.get(k, k) for k in winners.index}
-        text = f"{PLACE_LABEL[family]}: {name[winners.index[0]]} in {winners.iloc[0]} of {len(g)}"
+        text = (f"{FAMILIES[family].label}: {name[winners.index[0]]} in {winners.iloc[0]} "
+                f"of {len(g)}")
         if len(winners) > 1:
             text += f" (next {name[winners.index[1]]}, {winners.iloc[1]})"
         parts_whom.append(text)
@@ -139,7 +136,7 @@ def place_say(cases: pd.DataFrame) -> dict:
             + "; ".join(parts_whom) + ".")
     # Where a compiler already gets there: torch.compile (either mode) within TIE of ours.
     comp = first.dropna(subset=["compiled"])
-    shares = [f"{PLACE_LABEL[f]} {100 * (g['compiled'] <= TIE).mean():.0f}%"
+    shares = [f"{FAMILIES[f].label} {100 * (g['compiled'] <= TIE).mean():.0f}%"
               for f, g in comp.groupby("family", sort=False)]
     compiler = (f"On the {first['gpu'].iloc[0]}, torch.compile (either mode) is within "
                 f"{TIE - 1:.0%} of the fused kernel or ahead of it in: "
@@ -157,7 +154,7 @@ def place_say(cases: pd.DataFrame) -> dict:
 def family_frames(folder: Path) -> dict:
     """Each family's rows that the folder holds (an absent family's empty frame lacks the
     columns the shared helpers read, so it is left out)."""
-    return {k: df for k in C.FAMILY_LABEL if len(df := D.load(folder, k))}
+    return {k: df for k in COMPARED if len(df := D.load(folder, k))}
 
 
 def roofline(folder: Path) -> tuple[pd.DataFrame, dict]:
@@ -208,7 +205,7 @@ def sm_say(folders: list) -> str:
         return D.lacking("Nsight Compute details of the matmul families")
     folder = found[0]
     details = pd.read_parquet(Path(folder) / "profile_details.parquet")
-    counters = P.target_counters(details)
+    counters = K.target_counters(details)
     # Another folder's profile: its GPU (and when it was profiled) named.
     gpu = "" if folder == folders[0] else gpu_names(folders)[folder]
     when = (f" (profiled {str(details['started_at'].iloc[0])[:10]})"
@@ -220,9 +217,9 @@ def sm_say(folders: list) -> str:
             continue
         o, t = ours.iloc[0], other.iloc[0]
         if o["us"] <= t["us"]:
-            ahead.append(C.FAMILY_LABEL.get(family, family))
+            ahead.append(FAMILIES[family].findings_label or family)
             continue
-        parts.append(f"{C.FAMILY_LABEL.get(family, family)}, {o['sm_pct']:.0f}% against "
+        parts.append(f"{FAMILIES[family].findings_label or family}, {o['sm_pct']:.0f}% against "
                      f"{t['sm_pct']:.0f}% for {D.IMPL_LABEL.get(t['impl'], t['impl'])} (ours "
                      f"takes {o['us'] / t['us']:.2f}× its time)")
     if not parts and not ahead:
@@ -239,10 +236,14 @@ def sm_say(folders: list) -> str:
 
 # --- the traffic model against the DRAM counters ------------------------------------------------
 
-OP_LABEL = {"add_mul": "add-mul", "softmax": "softmax fwd", "softmax_bwd": "softmax bwd",
-            "layer_norm_fwd": "LayerNorm fwd", "softmax_matmul": "softmax(X) @ V",
-            "attention_fwd": "attention fwd", "matmul_softmax": "matmul + softmax",
-            "linear_gelu": "linear + GELU"}
+def counter_label(op: str) -> str:
+    """An op's name in the counters' table, a forward named so (its backward is profiled too)."""
+    o = OPS.get(op)
+    if o is None or o.label is None:
+        return op
+    return f"{o.label} fwd" if o.word == "fwd" else o.label
+
+
 AGREE = 0.10  # counters within 10% of the model's ratio: the model holds
 
 
@@ -255,13 +256,13 @@ def counter_table(folders: list) -> pd.DataFrame:
         if not path.exists():
             continue
         rows = pd.read_parquet(path)
-        r = P.fusion_ratios(rows)
+        r = K.fusion_ratios(rows)
         if not len(r):
             continue
         r = r.set_index("op")
         if out is None:
             out = pd.DataFrame({"model": r["model_ratio"]})
-            s = P.summary(rows)
+            s = K.summary(rows)
             s = s[s["impl"] == "triton_unfused"].set_index("op")["measured_over_model"]
             first = pd.DataFrame({"fused/model": r["fused_measured_over_model"],
                                   "unfused/model": s.reindex(r.index)})
@@ -269,7 +270,7 @@ def counter_table(folders: list) -> pd.DataFrame:
     if out is None:
         return pd.DataFrame()
     out = out.join(first)
-    out.index = [OP_LABEL.get(op, op) for op in out.index]
+    out.index = [counter_label(op) for op in out.index]
     return out.rename_axis("op").reset_index()
 
 
@@ -296,9 +297,8 @@ def counter_say(table: pd.DataFrame) -> str:
 
 LAUNCH_BARS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
                "triton_unfused": "Triton unfused", "public": "ours (kernels.*)"}
-LAUNCH_OPS = {"add_mul": "add-mul", "softmax": "softmax", "layer_norm": "LayerNorm",
-              "softmax_matmul": "softmax(X) @ V", "attention": "attention",
-              "matmul_softmax": "matmul + softmax", "linear_act": "linear + GELU"}
+# The launch-cost step calls each public op (kernels.<public_op>) forward: its first op's label.
+LAUNCH_OPS = {FAMILIES[f].public_op: next(iter(FAMILIES[f].ops.values())).label for f in COMPARED}
 
 
 def launch(folder: Path) -> dict:
@@ -395,7 +395,7 @@ def gpu_table(folders: list) -> tuple[pd.DataFrame, dict]:
             case = C.headline(family, df) if len(df) else None
             t = C.times_of(df, case.where) if case else {}
             if "triton_fused" in t and "triton_unfused" in t:
-                rows.append(dict(family=C.FAMILY_LABEL[family], case=case.label, gpu=gpu,
+                rows.append(dict(family=FAMILIES[family].findings_label, case=case.label, gpu=gpu,
                                  us=1000 * t["triton_fused"],
                                  gain=t["triton_unfused"] / t["triton_fused"]))
     return pd.DataFrame(rows, columns=["family", "case", "gpu", "us", "gain"]), bw
@@ -434,38 +434,6 @@ def gpu_say(t: pd.DataFrame, bw: dict) -> str:
                "GPU."))
 
 
-# --- accuracy -----------------------------------------------------------------------------------
-
-def sci(v: float) -> str:
-    """A small number as a reader writes it: 4 × 10^-6^ (markdown superscript)."""
-    mantissa, exponent = f"{v:.0e}".split("e")
-    return f"{mantissa} × 10^{int(exponent)}^"
-
-
-def accuracy_say(folder: Path) -> str:
-    frames = family_frames(folder)
-    acc = C.accuracy_table(frames)
-    if not len(acc) or "fused" not in acc:
-        return D.lacking("fused rows checked against float64")
-    fused = acc["fused"].dropna()  # the worst over each group of precisions
-    groups = {"float32": ["ieee"], "TF32": ["tf32"], "half precision": ["float16", "bfloat16"]}
-    worst = [f"{sci(fused[fused.index.get_level_values('precision').isin(p)].max())} in {name}"
-             for name, p in groups.items()
-             if fused.index.get_level_values("precision").isin(p).any()]
-    wrong = sum(int((df["status"] == "wrong_result").sum()) for df in frames.values())
-    closer = ""
-    if "unfused" in acc:
-        pairs = acc[["fused", "unfused"]].dropna().map(lambda v: float(f"{v:.1e}"))
-        closer = (f"; it is as close as the unfused version or closer in "
-                  f"{int((pairs['fused'] <= pairs['unfused']).sum())} of {len(pairs)} family "
-                  "and precision pairs")
-    return (f"Against the float64 reference, the fused kernels' worst error (largest |out − ref| "
-            f"over the largest |ref|) is {', '.join(worst)}{closer}; "
-            + ("no row of any implementation exceeded its dtype's tolerance"
-               if not wrong else f"{wrong} rows exceeded their dtype's tolerance")
-            + " (@sec-data has the table).")
-
-
 # --- the chapter --------------------------------------------------------------------------------
 
 def compute(folders: list) -> dict:
@@ -476,7 +444,7 @@ def compute(folders: list) -> dict:
     lc = launch(folder)
     gpus, bw = gpu_table(folders)
     say = {"roofline": roofline_say(pts), "sm": sm_say(folders), "counters": counter_say(counters),
-           "launch": launch_say(lc), "gpus": gpu_say(gpus, bw), "accuracy": accuracy_say(folder),
+           "launch": launch_say(lc), "gpus": gpu_say(gpus, bw), "accuracy": C.accuracy_say(family_frames(folder)),
            "launch_sizes": f"at a tiny size ({lc['sizes']})" if lc else "at a tiny size",
            **place_say(cases)}
     return dict(points=pts, ceilings=ceilings, counters=counters, launch=lc, say=say,

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-
-from . import data as R
+from ..families import FAMILIES
 from ..model import traffic
 from ..model.roofline import model_ms, peak_of  # noqa: F401 - the chapters call them as cases.*
+from . import data as R
 
 
 def device_time(df: pd.DataFrame) -> pd.Series:
@@ -107,29 +107,35 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
     return out
 
 
+SPLIT_K = "split_k"  # one of FAMILIES["matmul_softmax"].fused_methods
+
+
 def _fused_method(df: pd.DataFrame, where: dict) -> tuple:
     """(method, K slices) that matmul+softmax's fused kernel ran at a configuration (the row's
-    variant; split_k's slices as its plan takes them on the row's GPU), for the traffic model:
-    two passes over the logits move what the unfused pair does. (None, 1) without a fused row."""
-    from ...kernels.families import matmul_softmax as sr
-
+    variant; split_k's slices from the row's bytes), for the traffic model: two passes over the
+    logits move what the unfused pair does. (None, 1) without a fused row, or for a split_k row
+    without its bytes (the model's fused op then)."""
     fused = _select(df, where)
     fused = fused[fused["impl"] == "triton_fused"]
-    if not len(fused) or fused["variant"].iloc[0] not in sr.METHODS:
+    if not len(fused) or fused["variant"].iloc[0] not in FAMILIES["matmul_softmax"].fused_methods:
         return None, 1
     r = fused.iloc[0]
-    if r["variant"] != sr.SPLIT_K:
+    if r["variant"] != SPLIT_K:
         return r["variant"], 1
-    import torch  # only here: the book's other paths never import torch
+    splits = _splits(r)
+    return (SPLIT_K, splits) if splits else (None, 1)
 
-    dtype = {"float32": torch.float32, "float16": torch.float16,
-             "bfloat16": torch.bfloat16}[r["dtype"]]
-    kw = {"input_precision": r["precision"]} if r["dtype"] == "float32" else {}
-    if pd.notna(r.get("sm_count")):  # (CPU rows have none: the plan's interpreter default)
-        kw["sm_count"] = int(r["sm_count"])
-    plan = sr.matmul_softmax_plan(int(r["m"]), int(r["k"]), int(r["n"]), dtype,
-                                  method=sr.SPLIT_K, **kw)
-    return sr.SPLIT_K, plan.splits
+
+def _splits(r) -> int | None:
+    """The K slices a split_k row ran: the bench records its bytes (bytes_impl) with the slices
+    the plan took on its GPU, and they grow by one slice's partials per slice. (The plan itself
+    imports torch, which the book does not.) None where the row has no bytes_impl."""
+    if pd.isna(r.get("bytes_impl")):
+        return None
+    m, k, n, e = int(r["m"]), int(r["k"]), int(r["n"]), _itemsize(r["dtype"])
+    none, one = (traffic.total(traffic.matmul_softmax_kernels(m, k, n, e, "triton_fused",
+                                                              SPLIT_K, s)) for s in (0, 1))
+    return round((r["bytes_impl"] - none) / (one - none))
 
 
 def _select(df: pd.DataFrame, where: dict) -> pd.DataFrame:
@@ -173,40 +179,15 @@ def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame)
 
 
 
-# The size each family is summed up at: its largest configuration of the kind the chapter
-# headlines (the first of these present in the data is taken).
 # Not the fused kernel's rivals: itself, and cuBLAS's matmul alone, which computes less than the op.
 NOT_RIVALS = ("triton_fused", "cublas")
-# The later entries are for runs that lack the headline size (a smoke grid): their largest case.
-HEADLINES = {
-    "elementwise": [dict(dtype="float32", z_kind="tensor", n=2**27),
-                    dict(dtype="float32", z_kind="tensor"), dict(z_kind="tensor")],
-    "softmax": [dict(dtype="float32", width=16384), dict(dtype="float32"), dict()],
-    "layernorm": [dict(dtype="float16", direction="fwd", width=16384), dict(direction="fwd")],
-    "softmax_matmul": [dict(precision="float16"), dict(precision="tf32"), dict()],
-    "attention": [dict(head_dim=128, seq=4096, causal=False), dict(causal=False)],
-    "matmul_softmax": [dict(precision="float16", m=4096, k=1024, n=128256),
-                       dict(precision="float16")],
-    # The family is labelled "linear + GELU": at a size where ReLU's rows tie on FLOPs, GELU's.
-    "linear_act": [dict(precision="float16", m=8192, activation="gelu"),
-                   dict(precision="float16", activation="gelu"), dict(precision="float16")],
-    # Not (yet) in the findings table: the bench's book grid reads its headline from here.
-    "linear_cross_entropy": [dict(precision="bfloat16", tokens=8192, hidden=768, vocab=50257),
-                             dict()],
-    "training": [dict(dtype="bfloat16", rows=4096, width=1024), dict()],
-}
-FAMILY_LABEL = {
-    "elementwise": "add-mul", "softmax": "softmax", "layernorm": "LayerNorm fwd",
-    "softmax_matmul": "softmax(X) @ V", "attention": "attention fwd",
-    "matmul_softmax": "matmul + softmax", "linear_act": "linear + GELU",
-}
 
 
 def headline(family: str, df: pd.DataFrame) -> Case | None:
-    """The family's headline case: the first HEADLINES entry the data has, at its largest size
-    where the entry leaves the size open."""
+    """The family's headline case: the first of its headlines (families.py) the data has, at its
+    largest size where the entry leaves the size open."""
     cases = cases_of(family, df)
-    for want in HEADLINES[family]:
+    for want in FAMILIES[family].headlines:
         hits = [c for c in cases if all(c.where.get(k) == v for k, v in want.items())
                 and "triton_fused" in times_of(df, c.where)]
         if hits:
@@ -226,7 +207,7 @@ def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd
             sel = sel[~sel["causal"].astype(bool)]
         for r in sel.itertuples(index=False):
             # Each row against its own run's limits (a family's parts may come from two runs).
-            rows.append(dict(family=FAMILY_LABEL[family], precision=r.precision,
+            rows.append(dict(family=FAMILIES[family].findings_label, precision=r.precision,
                              intensity=r.flops_model / r.bytes_model,
                              tflops=r.flops_model / r.t / 1e9,
                              copy_gbps=R.limit(limits, "copy_bw", run_id=r.run_id),
@@ -240,7 +221,7 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     parts = []
     for family, df in frames.items():
         ok = df[df["status"] == "ok"].dropna(subset=["max_rel_err"])
-        parts.append(ok.assign(family=FAMILY_LABEL[family]))
+        parts.append(ok.assign(family=FAMILIES[family].findings_label))
     if not parts:
         return pd.DataFrame()
     all_rows = pd.concat(parts)
@@ -251,6 +232,36 @@ def accuracy_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     t = t[order]
     t.columns = [R.SHORT_LABEL.get(c, c) for c in t.columns]
     return t
+
+
+def sci(v: float) -> str:
+    """A small number as a reader writes it: 4 × 10^-6^ (markdown superscript)."""
+    mantissa, exponent = f"{v:.0e}".split("e")
+    return f"{mantissa} × 10^{int(exponent)}^"
+
+
+def accuracy_say(frames: dict[str, pd.DataFrame]) -> str:
+    """The fused kernels' worst errors against float64, and how they compare with the unfused."""
+    acc = accuracy_table(frames)
+    if not len(acc) or "fused" not in acc:
+        return R.lacking("fused rows checked against float64")
+    fused = acc["fused"].dropna()  # the worst over each group of precisions
+    groups = {"float32": ["ieee"], "TF32": ["tf32"], "half precision": ["float16", "bfloat16"]}
+    worst = [f"{sci(fused[fused.index.get_level_values('precision').isin(p)].max())} in {name}"
+             for name, p in groups.items()
+             if fused.index.get_level_values("precision").isin(p).any()]
+    wrong = sum(int((df["status"] == "wrong_result").sum()) for df in frames.values())
+    closer = ""
+    if "unfused" in acc:
+        pairs = acc[["fused", "unfused"]].dropna().map(lambda v: float(f"{v:.1e}"))
+        closer = (f"; it is as close as the unfused version or closer in "
+                  f"{int((pairs['fused'] <= pairs['unfused']).sum())} of {len(pairs)} family "
+                  "and precision pairs")
+    return (f"Against the float64 reference, the fused kernels' worst error (largest |out − ref| "
+            f"over the largest |ref|) is {', '.join(worst)}{closer}; "
+            + ("no row of any implementation exceeded its dtype's tolerance"
+               if not wrong else f"{wrong} rows exceeded their dtype's tolerance")
+            + " (@sec-data has the table).")
 
 
 

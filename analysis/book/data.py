@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bench import schema
+from .. import schema
+from ..families import FAMILIES
 from ..model.roofline import limit  # noqa: F401 - the chapters call it as data.limit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,18 +88,14 @@ def on_cpu(df: pd.DataFrame) -> bool:
     return len(df) > 0 and str(df["gpu"].iloc[0]).startswith("cpu")
 
 
-# Families whose file holds several ops: what `load` gives unless another op is asked for.
-PRIMARY_OP = {"attention": "attention_fwd", "softmax": "softmax"}
-
-
 def load(results: Path, family: str, op: str | None = None) -> pd.DataFrame:
-    """A family's rows: those of `op`, by default the family's main op (PRIMARY_OP: attention's
-    file also holds forward+backward and decoding rows, softmax's the backward's, op
+    """A family's rows: those of `op`, by default the family's main op (its `primary_op`:
+    attention's file also holds forward+backward and decoding rows, softmax's the backward's, op
     "softmax_bwd"); empty where the folder has none (the chapters then say what is missing).
     Rows measured on the CPU keep their correctness check but lose their timings (NaN): the
     interpreter's speed is not a finding."""
     path = Path(results) / f"{family}.parquet"
-    df = _rows_of(path, family, op or PRIMARY_OP.get(family))
+    df = _rows_of(path, family, op or FAMILIES[family].primary_op)
     if on_cpu(df):
         for column in TIMING_COLUMNS:
             if column in df:

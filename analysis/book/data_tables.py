@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..families import OP_LABEL  # the op names a reader knows, in the book's order
 from . import data as D
 
 # Where the render's cell writes the CSV files (beside report/data.qmd, which links them: Quarto
@@ -154,15 +155,6 @@ def block_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                    "(elements per program): TB/s of model bytes over the per-call median time.")
 
 
-# The op names a reader knows, in the book's order.
-OP_LABEL = {
-    "add_mul": "add-mul", "softmax": "softmax", "softmax_bwd": "softmax bwd",
-    "layer_norm_fwd": "LayerNorm", "layer_norm_bwd": "LayerNorm bwd",
-    "softmax_matmul": "softmax(X) @ V", "attention_fwd": "attention",
-    "attention_fwd_bwd": "attention fwd+bwd", "attention_decode": "decoding",
-    "matmul_softmax": "matmul + softmax", "linear_gelu": "linear + GELU",
-    "linear_relu": "linear + ReLU",
-}
 PRECISION_ORDER = ["ieee", "tf32", "float16", "bfloat16"]
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..families import FAMILIES, OP_LABEL
+from ..sources import kernel_hash
 from . import data as D
-from .data_tables import OP_LABEL
 
 # Per-call medians below this are the host's launch path as much as the GPU's work.
 SHORT_MS = 0.05
@@ -232,17 +233,15 @@ def mixture_note(f: Folder) -> str:
 
 def stale_note(f: Folder) -> str:
     """A note where the Triton rows did not run this checkout's kernel sources (empty otherwise)."""
-    from ..bench import machine  # imports torch: only here, where the checkout's kernels are hashed
-
     changed, unrecorded = [], []
     triton = f.rows[f.rows["impl"].astype(str).str.startswith("triton")] if len(f.rows) else f.rows
     for family, g in (triton.groupby("family") if len(triton) else []):
-        if family not in machine.FAMILY_KERNELS:
+        if family not in FAMILIES:
             continue
         hashes = set(g["kernel_hash"].dropna()) if "kernel_hash" in g else set()
         if not hashes:
             unrecorded.append(family)
-        elif hashes != {machine.kernel_hash(family)}:
+        elif hashes != {kernel_hash(family)}:
             changed.append(family)
     parts = []
     if changed:

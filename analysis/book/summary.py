@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ..families import COMPARED, FAMILIES
 from . import across, cases, data as D, figures, model
 
 MEMORY_BOUND = 10  # FLOP per byte below which a family's headline is bound by bandwidth
@@ -17,7 +18,7 @@ TIE = 0.03  # a few percent is the spread of repeated runs: a tie, not a finding
 def compute(folders: list) -> dict:
     folder = folders[0]
     limits = D.load_limits(folder)
-    frames = {family: D.load(folder, family) for family in cases.FAMILY_LABEL}
+    frames = {family: D.load(folder, family) for family in COMPARED}
     table = _headline(frames, limits)
     pvm = cases.predicted_vs_measured(frames, limits)
     gpu = D.gpu_label(D.gpu_of(folder))
@@ -59,7 +60,7 @@ def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
                      if bw == bw and peak == peak else np.nan)
         peaks = cases._select(df, case.where).groupby("impl")["peak_mib"].min()
         out.append(dict(
-            family=cases.FAMILY_LABEL[family], case=case.label, intensity=case.intensity,
+            family=FAMILIES[family].findings_label, case=case.label, intensity=case.intensity,
             predicted=predicted,
             measured=t["triton_unfused"] / fused if "triton_unfused" in t else np.nan,
             best=best, vs_best=others[best] / fused if best else np.nan,
@@ -214,7 +215,7 @@ def fig_predicted(c: dict):
         return figures.no_data("No configuration with both Triton versions timed in these data.")
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for i, (family, g) in enumerate(pvm.groupby("family", sort=False)):
-        ax.scatter(g["predicted"], g["measured"], s=18, label=cases.FAMILY_LABEL[family],
+        ax.scatter(g["predicted"], g["measured"], s=18, label=FAMILIES[family].findings_label,
                    color=f"C{i}")
     lo = min(pvm["predicted"].min(), pvm["measured"].min()) * 0.8
     hi = max(pvm["predicted"].max(), pvm["measured"].max()) * 1.25

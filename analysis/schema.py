@@ -1,7 +1,8 @@
 """The tidy Parquet schema, and a sink that writes rows as they are measured.
 
 One row per measured configuration. Columns are only ever added (never renamed): the base columns
-of DESIGN.md, then the shape columns of each family, then extras.
+of DESIGN.md, then the shape columns of each family (families.py), then extras. The bench writes
+it, the book and the tools read it: neither's, so here, without torch.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .families import FAMILIES
 # The limits name a matmul precision by its short label; rows name half precisions by their dtype.
-from ..model.roofline import PEAK_PRECISION  # noqa: F401 - where the sweep and the book read it
+from .model.roofline import PEAK_PRECISION  # noqa: F401 - where the sweep reads it
 
 S, I, F = pa.string(), pa.int64(), pa.float64()
 
@@ -41,12 +43,12 @@ MEASURED = {
     "n_trials": I, "ms_trial_min": F, "ms_trial_max": F, "wall_s": F,
 }
 # Provenance, added after the first reference runs (empty in older rows): a hash of the Python
-# sources that ran (machine.source_hash) and the GPU's state at the run's start.
+# sources that ran (bench.machine.source_hash) and the GPU's state at the run's start.
 PROVENANCE = {"source_hash": S, "gpu_sm_clock_max_mhz": F, "gpu_power_limit_w": F,
               "gpu_temp_c_at_start": F,
               # Added with the evidence issue: which GPU of the machine ran the row (a bench
               # spreads over every GPU), and the hash of the kernel modules a Triton row ran
-              # (machine.kernel_hash; empty for PyTorch's and libraries' rows).
+              # (sources.kernel_hash; empty for PyTorch's and libraries' rows).
               "gpu_index": I, "kernel_hash": S}
 # runs.parquet: one row per run, written when it starts and again when it ends (a run that died
 # keeps status "running"): the GPU's state at both ends.
@@ -61,25 +63,13 @@ RUNS = {
     "rows": I, **{f"{k}_start": t for k, t in _STATE.items()},
     **{f"{k}_end": t for k, t in _STATE.items()},
 }
-# Shape columns of each family.
-FAMILY_SHAPES = {
-    "elementwise": {"n": I, "z_kind": S},
-    "softmax": {"rows": I, "width": I, "direction": S},
-    "layernorm": {"rows": I, "width": I, "direction": S},
-    "softmax_matmul": {"batch": I, "d1": I, "d2": I, "d3": I},
-    # kv_heads, seq_k: added with grouped heads and KV caches (empty in older rows: = heads, seq).
-    "attention": {"batch": I, "heads": I, "seq": I, "head_dim": I, "causal": pa.bool_(),
-                  "kv_heads": I, "seq_k": I},
-    # x (m, k) @ weight (k, n): for matmul_softmax m is the batch B and n the classes C.
-    "matmul_softmax": {"m": I, "k": I, "n": I},
-    "linear_act": {"m": I, "k": I, "n": I, "activation": S},
-    "linear_cross_entropy": {"tokens": I, "hidden": I, "vocab": I},
-    # Forward + backward through autograd, per call (op: layer_norm_fwd_bwd, softmax_fwd_bwd).
-    "training": {"rows": I, "width": I},
-}
+# Shape columns of each family, as Arrow types (families.py names them).
+ARROW_TYPE = {"int": I, "str": S, "bool": pa.bool_()}
+FAMILY_SHAPES = {name: {col: ARROW_TYPE[t] for col, t in f.shape.items()}
+                 for name, f in FAMILIES.items()}
 # Shape columns added to a family after rows were committed without them, and the value those
-# rows had: the softmax family was forward only until its backward joined it.
-ADDED_SHAPE_DEFAULTS = {"softmax": {"direction": "fwd"}}
+# rows had (families.py).
+ADDED_SHAPE_DEFAULTS = {name: f.added_defaults for name, f in FAMILIES.items() if f.added_defaults}
 
 STATUSES = ("ok", "oom", "out_of_resources", "compile_error", "unsupported", "wrong_result")
 

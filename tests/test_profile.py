@@ -1,0 +1,236 @@
+"""make profile: Nsight Compute's CSV parsed, its kernels attributed to the implementations, the
+cases run, failures kept as rows; and what the counters say against the model."""
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+
+def test_profile_parses_ncu_csv_and_attributes_kernels():
+    """ncu's CSV (one line per kernel and metric, values with thousands separators, units that
+    may be scaled) becomes one row per kernel in bytes; the marker kernels split them among the
+    implementations in the order they ran."""
+    from triton_fusion_report.analysis.bench import profile as P
+    from triton_fusion_report.analysis.model import counters
+
+    text = (Path(__file__).parent / "data" / "ncu_synthetic.csv").read_text()
+    kernels = P.parse_ncu_csv(text)
+    assert kernels["id"].tolist() == [0, 1, 2, 3, 4]
+    assert kernels.loc[1, "dram__bytes_read.sum"] == 2**29
+    assert kernels.loc[4, "dram__bytes_write.sum"] == pytest.approx(2**28)
+    rows = P.attribute(kernels, ["torch_eager", "triton_fused"])
+    assert rows["impl"].tolist() == ["torch_eager", "torch_eager", "triton_fused"]
+    with pytest.raises(ValueError, match="2 marker kernels for 3"):
+        P.attribute(kernels, ["a", "b", "c"])
+    with pytest.raises(ValueError, match="no ncu CSV"):
+        P.parse_ncu_csv("==PROF== nothing profiled\n")
+    table = pd.DataFrame([dict(family="elementwise", op="add_mul", impl=r["impl"],
+                               kernel=r["kernel"], dram_read=r["dram__bytes_read.sum"],
+                               dram_write=r["dram__bytes_write.sum"], status="ok",
+                               bytes_model_impl={"torch_eager": 6, "triton_fused": 4}[r["impl"]]
+                               * 2**28, bytes_model=4 * 2**28)
+                          for r in rows.to_dict("records")])
+    s = counters.summary(table).set_index("impl")
+    assert s.loc["torch_eager", "kernels"] == 2
+    assert s.loc["torch_eager", "measured_over_model"] == pytest.approx(1.0)
+    assert s.loc["triton_fused", "measured"] == 4 * 2**28
+
+
+def test_profile_fusion_ratios_side_by_side_per_gpu():
+    """Two GPUs' profiles give one row per op: the model's ratio once, each GPU's counters beside
+    it under its own label; an op only one GPU profiled keeps its row with a gap for the other."""
+    from triton_fusion_report.analysis.bench import profile as P
+    from triton_fusion_report.analysis.model import counters
+
+    def rows(op_bytes):
+        return pd.DataFrame([dict(family="f", op=op, impl=impl, kernel="k", dram_read=b,
+                                  dram_write=0.0, status="ok", bytes_model_impl=model,
+                                  bytes_model=100.0)
+                             for op, (un, fu) in op_bytes.items()
+                             for impl, b, model in (("triton_unfused", un, 300.0),
+                                                    ("triton_fused", fu, 100.0))])
+
+    h100 = rows({"a": (300.0, 100.0), "b": (400.0, 200.0)})
+    h200 = rows({"a": (330.0, 110.0)})
+    one = counters.fusion_ratios_by_gpu({"H100": h100})
+    assert list(one.columns) == ["op", "model_ratio", "measured_ratio", "fused_measured_over_model"]
+    both = counters.fusion_ratios_by_gpu({"H100": h100, "H200": h200}).set_index("op")
+    assert list(both.columns) == ["model_ratio", "measured_ratio (H100)",
+                                  "fused_measured_over_model (H100)", "measured_ratio (H200)",
+                                  "fused_measured_over_model (H200)"]
+    assert both.loc["a", "model_ratio"] == pytest.approx(3.0)
+    assert both.loc["a", "fused_measured_over_model (H200)"] == pytest.approx(1.1)
+    assert both.loc["b", "measured_ratio (H100)"] == pytest.approx(2.0)
+    assert pd.isna(both.loc["b", "measured_ratio (H200)"])
+
+
+def test_profile_cases_exist_in_the_grids():
+    """Every profiled configuration is one the sweep measures."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    for case in P.CASES:
+        problem = P.find_problem(case)
+        assert {"triton_fused", "torch_eager"} <= {v.impl for v in P.profiled_variants(problem)}
+
+
+def test_profile_case_past_its_time_is_killed_with_its_children(tmp_path, monkeypatch):
+    """A case that hangs under ncu (its worker stuck) is killed, process group and all, and
+    returns why, so that the next case runs; a failing ncu returns its output."""
+    import time
+
+    from triton_fusion_report.analysis.bench import profile as P
+
+    hung = tmp_path / "ncu_hangs"
+    hung.write_text("#!/bin/sh\necho 'profile worker: warming liger' >&2\nsleep 60 &\nsleep 60\n")
+    failing = tmp_path / "ncu_fails"
+    failing.write_text("#!/bin/sh\necho 'ncu: no such device' >&2\nexit 3\n")
+    for f in (hung, failing):
+        f.chmod(0o755)
+    monkeypatch.setattr(P, "CASE_TIMEOUT_S", 1)
+    t0 = time.perf_counter()
+    info, why = P._ncu_run(0, str(hung), tmp_path, [], "")
+    assert info is None and time.perf_counter() - t0 < 10
+    assert "ran past 1 s" in why and "warming liger" in why
+    info, why = P._ncu_run(0, str(failing), tmp_path, [], "")
+    assert info is None and "no such device" in why
+
+
+def test_profile_parses_a_recorded_ncu_run():
+    """ncu 2025 on the H100 (make profile, add-mul at 2^26 float32, five implementations): the
+    fused kernel reads x, y and z once (the model's 805 MB) and the unfused pair 1074 MB."""
+    import json
+
+    from triton_fusion_report.analysis.bench import profile as P
+
+    kernels = P.parse_ncu_csv((Path(__file__).parent / "data" / "ncu_add_mul_h100.csv").read_text())
+    order = ["torch_eager", "triton_unfused", "triton_fused", "torch_compile", "torch_compile_max"]
+    rows = P.attribute(kernels, order)
+    per = rows.groupby("impl", sort=False)
+    assert per.size().to_dict() == {"torch_eager": 2, "triton_unfused": 2, "triton_fused": 1,
+                                    "torch_compile": 1, "torch_compile_max": 1}
+    read = per["dram__bytes_read.sum"].sum() / 2**20
+    assert read["triton_fused"] == pytest.approx(3 * 256, rel=0.01)
+    assert read["triton_unfused"] == pytest.approx(4 * 256, rel=0.01)
+    json.dumps(rows.to_dict("records"))  # plain values
+
+
+def test_profile_reads_ncu_details_pages():
+    """The committed details pages (ncu --page details --csv on the H100): one row per kernel,
+    units converted (ns -> us, bytes -> kB, thousands separators), sections not collected
+    missing; detail_view names every kernel or refuses."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    before = P.ncu_details((folder / "ncu_linear_gelu_5cbecbb.csv").read_text())
+    after = P.ncu_details((folder / "ncu_linear_gelu_c94faa2.csv").read_text())
+    assert list(before["kernel"]) == ["_matmul_tma_kernel"] * 2 + ["_activation_kernel"]
+    assert before.loc[0, "duration_us"] == pytest.approx(1732.032)
+    assert before.loc[0, "spill_requests"] == 1033248 and after.loc[0, "spill_requests"] == 0
+    assert before.loc[0, "registers"] == 255 and before.loc[0, "smem_kb"] == pytest.approx(180.248)
+    assert "occupancy_pct" in before and "occupancy_pct" not in after
+    view = P.detail_view(after, ["fused", "matmul", "activation"])
+    assert list(view["kernel"]) == ["fused", "matmul", "activation"] and "spills" in view
+    with pytest.raises(ValueError, match="2 labels for 3"):
+        P.detail_view(after, ["a", "b"])
+    with pytest.raises(ValueError, match="no ncu CSV"):
+        P.ncu_details("==PROF== nothing\n")
+
+
+def _details_with_markers(text: str) -> str:
+    """A recorded details page with a marker kernel before each of its kernels (as the profile
+    worker launches them), the IDs renumbered."""
+    import csv
+    import io
+
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    reader = csv.DictReader(io.StringIO("\n".join(lines[start:])))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=reader.fieldnames, quoting=csv.QUOTE_ALL)
+    writer.writeheader()
+    last = None
+    for row in reader:
+        kid = int(row["ID"])
+        if kid != last:
+            marker = {k: "" for k in reader.fieldnames}
+            marker.update({"ID": str(2 * kid), "Kernel Name": "profile_marker",
+                           "Metric Name": "Duration", "Metric Unit": "ns",
+                           "Metric Value": "1,500"})
+            writer.writerow(marker)
+            last = kid
+        writer.writerow(dict(row, ID=str(2 * kid + 1)))
+    return "\n".join(lines[:start]) + "\n" + out.getvalue()
+
+
+def test_profile_details_pair_our_kernel_with_the_fastest_other():
+    """--details: the details page's kernels split among the implementations by the markers
+    (which are dropped), one row per kernel with its metrics, failures as rows of their own;
+    target_counters keeps our fused kernel and the fastest other implementation."""
+    from triton_fusion_report.analysis.bench import profile as P
+    from triton_fusion_report.analysis.model import counters as K
+    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
+    details = P.ncu_details(_details_with_markers(
+        (folder / "ncu_softmax_v_5cbecbb.csv").read_text()))
+    assert len(details) == 2 * len(recorded) == 4
+    info = dict(order=["triton_fused", "sdpa_cudnn"], failed={"flag_gems": "ImportError: no"},
+                variants={"triton_fused": None, "sdpa_cudnn": "cudnn"})
+    base = dict(family="softmax_matmul", op="softmax_matmul", gpu="NVIDIA H100 80GB HBM3")
+    rows = pd.DataFrame(P.details_rows(base, details, info))
+    assert rows["impl"].tolist() == ["triton_fused", "sdpa_cudnn", "flag_gems"]
+    assert rows["status"].tolist() == ["ok", "ok", "failed"]
+    assert rows.loc[0, "duration_us"] == pytest.approx(recorded.loc[0, "duration_us"])
+    assert rows.loc[1, "registers"] == recorded.loc[1, "registers"]
+    assert "profile_marker" not in set(rows["kernel"].dropna())
+    # A third implementation, slower than cuDNN: the pair is still ours and the fastest other.
+    slow = rows.iloc[[1]].assign(impl="torch_eager", duration_us=1e6)
+    unfused = rows.iloc[[1]].assign(impl="triton_unfused", duration_us=1.0)
+    alone = rows.iloc[[1]].assign(impl="cublas", duration_us=1.0)  # the matmul alone: no rival
+    counters = K.target_counters(pd.concat([rows, slow, unfused, alone], ignore_index=True))
+    assert counters["impl"].tolist() == ["triton_fused", "sdpa_cudnn"]
+    # A kernel of unknown duration leaves its implementation out; no ok row, an empty table.
+    unknown = rows.iloc[[1]].assign(impl="torch_compile", duration_us=float("nan"))
+    assert "torch_compile" not in set(K.details_summary(pd.concat([rows, unknown]))["impl"])
+    failed = rows[rows["status"] == "failed"]
+    assert len(K.target_counters(failed)) == 0 and "impl" in K.target_counters(failed)
+    assert len(K.details_summary(pd.DataFrame([dict(status="failed")]))) == 0
+
+
+def test_profile_details_case_reports_a_failed_ncu(tmp_path):
+    """An ncu that fails (no counters allowed, a bad section) is a failed row with its message,
+    not a crash that loses the other cases."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM: no permission' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    case = next(i for i, c in enumerate(P.CASES) if c[0] == "attention")
+    rows = P.details_case(case, str(fake), tmp_path, dict(gpu="x"))
+    assert len(rows) == 1 and rows[0]["status"] == "failed"
+    assert "ERR_NVGPUCTRPERM" in rows[0]["error"] and rows[0]["family"] == "attention"
+    assert {c[0] for c in P.CASES if c[0] in P.DETAIL_FAMILIES} == set(P.DETAIL_FAMILIES)
+    # ncu exits 0 but its log holds no table: a failed row too, the other cases go on.
+    fake.write_text("#!" + sys.executable + "\nimport json, sys\na = sys.argv\n"
+                    "open(a[a.index('--log-file') + 1], 'w').write('==PROF== nothing\\n')\n"
+                    "open(a[a.index('--order') + 1], 'w').write(json.dumps(dict(order=['x'], "
+                    "failed={}, variants={}, bytes_impl={})))\n")
+    rows = P.details_case(case, str(fake), tmp_path, dict(gpu="x"))
+    assert len(rows) == 1 and rows[0]["status"] == "failed" and "no ncu CSV" in rows[0]["error"]
+    rows = P.profile_case(case, str(fake), tmp_path, dict(gpu="x"))
+    assert len(rows) == 1 and rows[0]["status"] == "failed" and "no ncu CSV" in rows[0]["error"]
+
+
+def test_profile_by_case_keeps_the_other_cases(tmp_path):
+    """A pass split over calls (--case): the rows of the cases not run again stay in the file,
+    those of the cases run again are replaced."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    path = tmp_path / "profile_details.parquet"
+    assert P.kept_rows(path, [0]) == []
+    rows = [dict(family=f, op=o, dtype=d, impl="triton_fused", status="ok")
+            for f, o, d, _ in P.CASES[:3]]
+    pd.DataFrame(rows).to_parquet(path)
+    kept = P.kept_rows(path, [1])
+    assert [r["op"] for r in kept] == [P.CASES[0][1], P.CASES[2][1]]

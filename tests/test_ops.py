@@ -14,6 +14,13 @@ from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 # Every tensor here is built on DEVICE, the suite's device (the `device` fixture's value).
 pytestmark = pytest.mark.usefixtures("device")
 
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles afresh: several compile one lambda's code object once per op, which
+    would otherwise meet Dynamo's recompile limit in a worker that ran the others first."""
+    torch._dynamo.reset()
+
 def _r(*shape, dtype=torch.float32, grad=False):
     t = torch.randn(*shape, device=DEVICE, dtype=dtype)
     return t.requires_grad_() if grad else t
@@ -106,7 +113,6 @@ def test_compiles_without_graph_breaks(name):
     def f(*a):
         return fn(*a) * 2
 
-    torch._dynamo.reset()  # one code object f for every op: no op meets the recompile limit
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     out = compiled(*leaves)
     want = fn(*args) * 2
@@ -394,6 +400,8 @@ def _out_and_grads(fn, args, create_graph=False):
 
 # The ops with an autograd.Function (eager autograd without the dispatcher).
 FUNCTIONS = {"softmax", "layer_norm", "attention", "linear_act"}
+# The ops whose direct call (nothing to differentiate) skips the statistics a backward would read.
+NO_STATISTICS = {"layer_norm"}
 
 
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[1] is not None])
@@ -412,12 +420,18 @@ def test_every_path_gives_the_same_bits(name):
         direct = public(*args)
     assert seen.ops == []
     with torch.no_grad():
-        _bitwise(registered(*op_args), direct)
+        want_out = registered(*op_args)
+    if name in NO_STATISTICS:
+        # Without grad LayerNorm's direct call runs the forward kernel that stores no statistics:
+        # another specialisation, which a GPU's compiler may round differently in the last bit.
+        assert rel_err(direct, want_out) <= TOL[torch.float32]
+    else:
+        _bitwise(want_out, direct)
 
     with _Dispatched() as seen:
         out, grads = _out_and_grads(public, args)
     assert seen.ops == ([] if name in FUNCTIONS else [name])
-    _bitwise(out, direct)
+    _bitwise(out, want_out)
     want = _out_and_grads(registered, op_args)[1]
     for got, w in zip(grads, want, strict=True):
         _bitwise(got, w)
@@ -428,10 +442,9 @@ def test_every_path_gives_the_same_bits(name):
         for got, w in zip(graph_grads, want, strict=True):
             _bitwise(got.detach(), w)
 
-    torch._dynamo.reset()
     compiled = torch.compile(lambda *a: public(*a), backend="aot_eager", fullgraph=True)
     out, grads = _out_and_grads(compiled, args)
-    _bitwise(out, direct)
+    _bitwise(out, want_out)
     for got, w in zip(grads, want, strict=True):
         _bitwise(got, w)
 

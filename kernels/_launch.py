@@ -77,18 +77,18 @@ MIRRORS_TRITON = _INTERNALS and mirrors(triton.__version__)
 # `kernel[grid](...)` runs Triton's JITFunction.run on every call: it binds the arguments and
 # specialises them, builds a cache key (with str() of the options), looks the compiled kernel up,
 # checks the kernel's globals, builds launch metadata for the hooks and only then calls the
-# compiled kernel's launcher: 11-19 us of host time a call on an H100 machine, more than a small
-# kernel runs. `launch` makes the first call of each specialisation through kernel[grid] unchanged,
-# keeps the compiled kernel it returns, and sends later calls of the same specialisation straight
-# to that kernel's launcher with the arguments JITFunction.run would pass.
+# compiled kernel's launcher: more host time a call than a small kernel runs (docs/bench.md).
+# `launch` makes the first call of each specialisation through kernel[grid] unchanged, keeps the
+# compiled kernel it returns, and sends later calls of the same specialisation straight to that
+# kernel's launcher with the arguments JITFunction.run would pass.
 
 # Off: TRITON_FUSION_FAST_LAUNCH=0 in the environment, or `_launch.FAST_LAUNCH = False` at run time
 # (every launch then goes through kernel[grid]).
 FAST_LAUNCH = os.environ.get("TRITON_FUSION_FAST_LAUNCH", "1") != "0"
 # Tensors passed to the launcher as their addresses: it then skips its per-pointer
 # cuPointerGetAttribute (a driver call each), which only tells a CPU tensor from a CUDA one, as
-# the ops' own checks already have. Saves 1-5 us a call on an H100 host (docs/bench.md, "Host
-# cost a call": the interleaved per-call probe). `_launch.POINTERS_AS_INTS = False`: off.
+# the ops' own checks already have (docs/bench.md, "Host cost a call", measures the saving).
+# `_launch.POINTERS_AS_INTS = False`: off.
 POINTERS_AS_INTS = True
 # Host TensorDescriptors turned into TMA descriptors once per (address, shape, strides, padding)
 # and compiled kernel, instead of at every launch (Triton's launcher wrapper encodes each one

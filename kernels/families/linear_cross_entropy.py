@@ -80,7 +80,7 @@ def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P,
     bias (HAS_BIAS, padded to P with zeros) is added here, to the logits as read. The row is read
     and written over P columns, a multiple of 64 (the buffer's padded row; the gradient is 0
     past V): a mask at an odd V would cut every access to single elements, and scattered 2-byte
-    stores ran the gradient loop at under half the copy's speed (H100). As the softmax family's
+    stores ran the gradient loop at under half the copy's speed. As the softmax family's
     online kernel: a running (max, sum) over the tiles, then the
     gradient loop walks them last to first, so the tiles read last, the likeliest still in L2,
     are read again first.
@@ -173,8 +173,9 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
         check_pow2("block", block)
     n, hidden = x.shape
     vocab = weight.shape[0]
-    # cuBLAS is 5-7x slower where a matmul's dimension is the vocabulary and that is not a multiple
-    # of 8 (measured on an H100): every matmul is split into the first `v8` classes and the rest.
+    # cuBLAS is several times slower where a matmul's dimension is the vocabulary and that is not a
+    # multiple of 8 (docs/linear_cross_entropy.md): every matmul is split into the first `v8`
+    # classes and the rest.
     v8 = vocab - vocab % 8
     padded = padded_width(vocab)
     target = target.contiguous()  # the kernel reads one index per row, adjacent

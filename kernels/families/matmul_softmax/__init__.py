@@ -139,10 +139,8 @@ def _fused_launch(x, weight, bias, method, block_b, block_c, block_k, input_prec
     tma = None
     tiles = cdiv(B, plan.block_b) * cdiv(C, plan.block_c)
     # As _matmul.gemm_launch: TMA where the grid holds at least one tile per SM. "tiled" only
-    # from K = 256 and up to 128 classes: measured on the H100 (fp16, 65536 rows;
-    # docs/matmul_softmax.md) TMA took 63 against 88 us at K 512, C 50 and 93 against 234 at
-    # K 1024, C 100, but 48 against 33 at K 128, C 10 (two K tiles: nothing to pipeline) and 68
-    # against 61 at K 512, C 256.
+    # from K = 256 (fewer K tiles leave nothing to pipeline) and up to 128 classes, where TMA
+    # measured faster than pointer loads (docs/matmul_softmax.md).
     if (plan.method not in (SIMPLE, SPLIT_K, STORE_SOFTMAX) and plan.precision != "ieee"
             and tiles >= sm_count_of(x.device)
             and (plan.method != TILED or (plan.block_c <= 128 and K >= 256))

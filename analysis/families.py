@@ -46,6 +46,9 @@ class Family:
     # differs (the summary's table and figures).
     label: str | None = None
     headline_label: str | None = None
+    # Its name in the findings' verdict over every case where it is not compared elsewhere (the
+    # LM head loss, the training rows); the compared families go by `label`.
+    verdict_label: str | None = None
     # The op `book.data.load` gives where none is asked for (None: every op of the file).
     primary_op: str | None = None
     # Shape columns added after rows were committed without them, and the value those rows had.
@@ -66,6 +69,11 @@ class Family:
         """The public function its rows call (`kernels.<public_op>`): its kernel module's name
         (None for a family of several ops' modules)."""
         return self.kernels[0].rsplit(".", 1)[1] if len(self.kernels) == 1 else None
+
+    @property
+    def verdict_name(self) -> str | None:
+        """Its name in the findings' verdict over every case (None: not in it)."""
+        return self.label or self.verdict_label
 
     @property
     def findings_label(self) -> str | None:
@@ -139,13 +147,14 @@ _ENTRIES = (
         grid="matmul_epilogue:linear_cross_entropy_problems",
         shape={"tokens": "int", "hidden": "int", "vocab": "int"},
         headlines=(dict(precision="bfloat16", tokens=8192, hidden=768, vocab=50257), dict()),
-        ops={"linear_cross_entropy_fwd_bwd": Op()}),
+        ops={"linear_cross_entropy_fwd_bwd": Op()}, verdict_label="LM head + loss"),
     Family(
         # Forward + backward through autograd, per call, of two ops: no kernel module of its own.
         "training", kernels=("kernels.families.layer_norm", "kernels.families.softmax"),
         grid="training:problems", shape={"rows": "int", "width": "int"},
         headlines=(dict(dtype="bfloat16", rows=4096, width=1024), dict()),
-        ops={"layer_norm_fwd_bwd": Op(), "softmax_fwd_bwd": Op()}),
+        ops={"layer_norm_fwd_bwd": Op(), "softmax_fwd_bwd": Op()},
+        verdict_label="training fwd+bwd"),
 )
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
@@ -153,6 +162,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 # Views of the entries (edit the entries, not these).
 # The families the findings and the across-families chapter compare, in the book's order.
 COMPARED = tuple(f.name for f in _ENTRIES if f.label)
+# The families of the findings' verdict over every case.
+VERDICT = tuple(f.name for f in _ENTRIES if f.verdict_name)
 # Every op of every family -> its Op; the labelled ones in the book's order.
 OPS: dict[str, Op] = {op: o for f in _ENTRIES for op, o in f.ops.items()}
 OP_LABEL: dict[str, str] = {op: o.label for op, o in OPS.items() if o.label}

@@ -36,7 +36,7 @@ def run_chapter(qmd: Path, results) -> dict:
     """Run every cell of a chapter and every inline expression; return what they made."""
     text = qmd.read_text()
     ns: dict = {}
-    made = {"figures": 0, "tables": 0, "inline": []}
+    made = {"figures": 0, "tables": 0, "inline": [], "table_text": []}
     for cell in cells(text):
         code = cell.code
         if "parameters" in (cell.options.get("tags") or []):
@@ -57,6 +57,7 @@ def run_chapter(qmd: Path, results) -> dict:
         if label.startswith("tbl-"):
             assert out is not None and "|" in str(out), f"{qmd.name} {label}: no table"
             made["tables"] += 1
+            made["table_text"].append(str(out))
     for expr in inline_expressions(text):
         value = str(eval(expr, ns))
         assert value.strip(), f"{qmd.name}: `{expr}` is empty"
@@ -223,7 +224,7 @@ def test_lm_head_section_only_where_its_rows_are(tmp_path):
     c = lm_head.compute([tmp_path])
     section = c["say"]["section"]
     assert section.startswith("## The LM head and its loss")
-    assert "ours takes 3.90 ms, torch.compile 4.50 ms (1.15× ours)" in section
+    assert "ours takes 3.90 ms, torch.compile 4.50 ms (ours at a speedup of 1.15×)" in section
     assert "300 MiB against torch.compile's 860" in section
     assert list(c["table"].columns)[1:] == ["PyTorch eager", "torch.compile", "Liger-Kernel",
                                             "Triton fused"]
@@ -300,9 +301,9 @@ def test_training_table_reads_the_training_rows(tmp_path):
     r.to_parquet(tmp_path / "training.parquet")
     t = model.training(tmp_path)
     assert list(t.columns) == ["op, forward + backward", "eager", "torch.compile", "Liger",
-                               "ours", "ours / fastest other"]
+                               "ours", "speedup"]
     assert len(t) == r.groupby(["op", "dtype", "rows", "width"]).ngroups
-    assert set(t["ours / fastest other"]) == {"0.50"} and t.iloc[0]["ours"] == "0.100"
+    assert set(t["speedup"]) == {"2.00×"} and t.iloc[0]["ours"] == "0.100"
 
 
 def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
@@ -400,3 +401,22 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
     assert (fwd["direction"] == "fwd").all()
     bwd = D.load(tmp_path, "softmax", op="softmax_bwd")
     assert len(bwd) == 0 and "ms_device" in bwd and "width" in bwd
+
+
+# A ratio the other way round from the book's one convention (a speedup is the other's time over
+# ours): ours or the fused kernel in a numerator, "its time" multiples, "N× slower than".
+# (Counted bytes over the model's, "fused/model", are not a speedup.)
+OTHER_WAY = re.compile(r"\b(fused|ours)('s)?( kernel's)?( device)?( time)?\s*/\s*(?!model)[a-z]"
+                       r"|×\s+its time|×\s+slower|× the fused kernel's time(?! \(its speedup)",
+                       re.I)
+
+
+@pytest.mark.parametrize("qmd", CHAPTERS, ids=lambda p: p.stem)
+def test_one_ratio_convention(qmd):
+    """Captions, prose, table headers and computed sentences state every ratio as a speedup (the
+    other's time over ours, above 1: ours faster), never the other way round."""
+    made = run_chapter(qmd, None)
+    for where, body in (("source", qmd.read_text()), ("computed text", " ".join(made["inline"])),
+                        ("tables", " ".join(made["table_text"]))):
+        hit = OTHER_WAY.search(body)
+        assert not hit, f"{qmd.name}: a ratio the other way round in its {where}: {hit.group(0)!r}"

@@ -15,38 +15,9 @@ from ..model.roofline import PEAK_PRECISION
 from . import cases as C
 from . import data as D
 from . import figures
+from . import verdict as V
 
-# --- whom to call: the fused kernel against the fastest other implementation --------------------
-
-# cuBLAS's matmul alone computes less than the op: a reference point, not a rival.
-COMPILE = ("torch_compile", "torch_compile_max")
-TIE = 1.05  # within 5% of the fastest holds its place: a few percent is trial spread
-
-
-def case_label(row: pd.Series, family: str) -> str:
-    """A case as a reader names it: the op where the family has several, the dtype (TF32 where
-    a float32 product used it), the shape's sizes joined by ×, grouped heads and KV-cache keys
-    where they differ from the queries', causal."""
-    dims, words = [], []
-    for col in FAMILIES[family].shape:
-        v = row.get(col)
-        if v is None or pd.isna(v) or col == "direction":
-            continue
-        if col in ("kv_heads", "seq_k"):  # said only where they differ from the queries'
-            same = row["heads"] if col == "kv_heads" else row["seq"]
-            if v != same:
-                words.append(f"{int(v)} {'KV heads' if col == 'kv_heads' else 'keys'}")
-        elif isinstance(v, (bool, np.bool_)):
-            words += ["causal"] if v else []
-        elif isinstance(v, str):
-            words.append(f"z {v}" if col == "z_kind" else v)
-        else:
-            dims.append(str(int(v)))
-    prec = row.get("precision")
-    dtype = prec if prec == "tf32" else D.SHORT_DTYPE.get(row["dtype"], row["dtype"])
-    word = OPS[row["op"]].word if row["op"] in OPS else ""
-    return " ".join(filter(None, [word, dtype, "×".join(dims),
-                                  ", ".join(words)]))
+# --- whom to call: the fused kernel against the fastest other implementation (verdict.py) -------
 
 
 def gpu_names(folders: list) -> dict:
@@ -57,47 +28,27 @@ def gpu_names(folders: list) -> dict:
 
 
 def place_cases(folders: list) -> pd.DataFrame:
-    """Every size-sweep case of every family in every folder (the folder's own rows): the fused
-    kernel's device time over the fastest other implementation's, and who that is."""
-    rows = []
-    for folder, gpu in gpu_names(folders).items():
-        for family in [f for f in COMPARED if (Path(folder) / f"{f}.parquet").exists()]:
-            df = D._rows_of(Path(folder) / f"{family}.parquet", family, None)
-            df = df[(df["status"] == "ok") & (df["sweep"] == "size")]
-            if not len(df) or D.on_cpu(df):
-                continue
-            df = df.assign(_t=C.device_time(df)).dropna(subset=["_t"])
-            keys = ["op", "dtype", "precision"] + list(FAMILIES[family].shape)
-            for _, case in df.groupby(keys, dropna=False, sort=False):
-                fused = case[case["impl"] == "triton_fused"]["_t"]
-                others = case[~case["impl"].isin(C.NOT_RIVALS)]
-                if not len(fused) or not len(others):
-                    continue
-                best = others.loc[others["_t"].idxmin()]
-                compiled = case[case["impl"].isin(COMPILE)]["_t"]
-                rows.append(dict(gpu=gpu, family=family, case=case_label(best, family),
-                                 ratio=fused.min() / best["_t"], best=best["impl"],
-                                 compiled=compiled.min() / fused.min() if len(compiled)
-                                 else np.nan))
-    return pd.DataFrame(rows, columns=["gpu", "family", "case", "ratio", "best", "compiled"])
+    """Every size-sweep case of every family in every folder (verdict.every_case), by GPU."""
+    frames = [V.every_case(folder).assign(gpu=gpu) for folder, gpu in gpu_names(folders).items()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def place_table(cases: pd.DataFrame) -> pd.DataFrame:
-    """Per family (and GPU where there are several): cases held, the median ratio, and the case
-    where the fused kernel is farthest behind, by how much and who is ahead there."""
+    """Per family and GPU: cases where ours holds (fastest or within 5%), the median speedup
+    (the fastest other's time / ours), and the case where ours is farthest behind, its speedup
+    there and who is faster."""
     out = []
-    for family, gpu in [(f, g) for f in COMPARED for g in cases["gpu"].unique()]:
+    for family, gpu in [(f, g) for f in dict.fromkeys(cases["family"]) for g in cases["gpu"].unique()]:
         g = cases[(cases["family"] == family) & (cases["gpu"] == gpu)]
         if not len(g):
             continue
-        worst = g.loc[g["ratio"].idxmax()]
-        # Every op of the family's file counts (backward, decoding): its label, not its headline's.
-        row = {"family": FAMILIES[family].label, "GPU": gpu,
-               "held": f"{int((g['ratio'] <= TIE).sum())} of {len(g)}",
-               "median": g["ratio"].median()}
-        behind = worst["ratio"] > TIE
-        out.append({**row, "farthest behind": worst["case"] if behind else "none",
-                    "ratio": worst["ratio"] if behind else np.nan,
+        worst = g.loc[g["speedup"].idxmin()]
+        behind = not V.holds(pd.Series([worst["speedup"]])).iloc[0]
+        out.append({"family": worst["label"], "GPU": gpu,
+                    "holds": f"{int(V.holds(g['speedup']).sum())} of {len(g)}",
+                    "median speedup": g["speedup"].median(),
+                    "farthest behind": worst["case"] if behind else "none",
+                    "speedup there": worst["speedup"] if behind else np.nan,
                     "faster there": D.SHORT_LABEL.get(worst["best"], worst["best"]) if behind
                     else "—"})
     table = pd.DataFrame(out)
@@ -105,48 +56,22 @@ def place_table(cases: pd.DataFrame) -> pd.DataFrame:
 
 
 def place_say(cases: pd.DataFrame) -> dict:
+    """Whom to call, per family on the first GPU: the implementation fastest in the most cases
+    (ours where it holds)."""
     if not len(cases):
-        return {"place": D.lacking("case with the fused kernel and another one timed on a GPU"),
-                "whom": D.lacking("case where the fused kernel and another were both timed"),
-                "compiler": D.lacking("torch.compile rows beside the fused kernel")}
-    parts = []
-    for gpu, g in cases.groupby("gpu", sort=False):
-        held = int((g["ratio"] <= TIE).sum())
-        parts.append(f"{held} of {len(g)} cases on the {gpu} ({100 * held / len(g):.0f}%)")
+        return {"whom": D.lacking("case where the fused kernel and another were both timed")}
     first = cases[cases["gpu"] == cases["gpu"].iloc[0]]
-    lost = first[first["ratio"] > TIE]
-    counts = [f"{D.IMPL_LABEL.get(k, k)} in {n}" for k, n in lost["best"].value_counts().items()]
-    ahead = (f"Of the {len(lost)} cases where it is behind on the {first['gpu'].iloc[0]}, "
-             + counts[0].replace(" in ", " is ahead in ", 1) + "".join(", " + x for x in counts[1:])
-             + "." if len(lost) else
-             f"On the {first['gpu'].iloc[0]} it is never more than {TIE - 1:.0%} behind.")
-    # Whom to call, per family: the implementation fastest in the most cases (ours where it is
-    # within TIE of the fastest other).
-    parts_whom = []
-    for family, g in first.groupby("family", sort=False):
-        winners = g["best"].where(g["ratio"] > TIE, "triton_fused").value_counts()
+    parts = []
+    for family, g in first.groupby("label", sort=False):
+        winners = g["best"].where(~V.holds(g["speedup"]), "triton_fused").value_counts()
         name = {k: "ours" if k == "triton_fused" else D.IMPL_LABEL.get(k, k) for k in winners.index}
-        text = (f"{FAMILIES[family].label}: {name[winners.index[0]]} in {winners.iloc[0]} "
-                f"of {len(g)}")
+        text = f"{family}: {name[winners.index[0]]} in {winners.iloc[0]} of {len(g)}"
         if len(winners) > 1:
             text += f" (next {name[winners.index[1]]}, {winners.iloc[1]})"
-        parts_whom.append(text)
-    whom = ("Counting the cases each implementation is fastest in (ours where it is within "
-            f"{TIE - 1:.0%} of the fastest other), on the {first['gpu'].iloc[0]}: "
-            + "; ".join(parts_whom) + ".")
-    # Where a compiler already gets there: torch.compile (either mode) within TIE of ours.
-    comp = first.dropna(subset=["compiled"])
-    shares = [f"{FAMILIES[f].label} {100 * (g['compiled'] <= TIE).mean():.0f}%"
-              for f, g in comp.groupby("family", sort=False)]
-    compiler = (f"On the {first['gpu'].iloc[0]}, torch.compile (either mode) is within "
-                f"{TIE - 1:.0%} of the fused kernel or ahead of it in: "
-                + ", ".join(shares).replace("%", "% of the cases", 1) + "."
-                if shares else D.lacking("torch.compile rows beside the fused kernel"))
-    return {"compiler": compiler,
-            "place": ("Against the fastest other implementation of each case (device time), "
-                      f"the fused kernel is fastest or within {TIE - 1:.0%} in "
-                      + "; ".join(parts) + ". " + ahead),
-            "whom": whom}
+        parts.append(text)
+    return {"whom": ("Counting the cases each implementation is fastest in (ours where it is "
+                     f"within {V.TIE - 1:.0%} of the fastest other), on the "
+                     f"{first['gpu'].iloc[0]}: " + "; ".join(parts) + ".")}
 
 
 # --- the roofline -------------------------------------------------------------------------------
@@ -221,7 +146,7 @@ def sm_say(folders: list) -> str:
             continue
         parts.append(f"{FAMILIES[family].findings_label or family}, {o['sm_pct']:.0f}% against "
                      f"{t['sm_pct']:.0f}% for {D.IMPL_LABEL.get(t['impl'], t['impl'])} (ours "
-                     f"takes {o['us'] / t['us']:.2f}× its time)")
+                     f"at a speedup of {t['us'] / o['us']:.2f}×)")
     if not parts and not ahead:
         return D.lacking("profiled fused kernel beside another implementation")
     return " ".join(filter(None, [

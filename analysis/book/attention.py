@@ -142,9 +142,10 @@ def _smm_vs(rows: pd.DataFrame, precision: str) -> str:
     return (f"In {PRECISION_LABEL[precision]} at d2 = {d2:,} the fused kernel takes "
             f"{t['triton_fused']:.2f} ms of device time against {t[best]:.2f} ms for "
             f"{D.IMPL_LABEL[best]}, the fastest other version: "
-            + (f"{ratio:.2f}× its time" if ratio > 1 else f"{1 / ratio:.2f}× faster")
+            + f"a speedup of {1 / ratio:.2f}×"
             + (f"; the same computation as two Triton kernels takes "
-               f"{t['triton_unfused'] / t['triton_fused']:.2f}× the fused kernel's time"
+               f"{t['triton_unfused'] / t['triton_fused']:.2f}× the fused kernel's time (its "
+               "speedup over them)"
                if "triton_unfused" in t else "") + ".")
 
 

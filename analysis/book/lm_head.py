@@ -41,7 +41,7 @@ def _sentence(rows: pd.DataFrame) -> str:
                if compile_mem else "")
         parts.append(f"at {n:,} × {h:,} × {v:,} ours takes {ours.ms_median:.2f} ms, "
                      f"{D.IMPL_LABEL.get(best, best)} {others.loc[best, 'ms_median']:.2f} ms "
-                     f"({ratio:.2f}× ours){mem}")
+                     f"(ours at a speedup of {ratio:.2f}×){mem}")
     return ("Forward and backward of the head and its loss, " + "; ".join(parts) + "."
             if parts else "")
 

@@ -56,7 +56,7 @@ def _versus(fused: float, name: str, other: float) -> str:
     """The fused op against `name`: faster, level (within TIE) or slower."""
     who = D.IMPL_LABEL[name]
     return (f"{other / fused:.2f}× faster than {who}" if other > fused * TIE else
-            f"{fused / other:.2f}× slower than {who}" if other < fused / TIE else
+            f"at {other / fused:.2f}× the speed of {who}" if other < fused / TIE else
             f"level with {who} (within {PCT})")
 
 
@@ -254,8 +254,8 @@ def _odd_width(half: pd.DataFrame) -> str:
                  "needs (@sec-glossary), whereas the fused op first copies the weight into padded "
                  "rows.")
     name, other = _fastest_other(t)
-    return text + (f" {D.IMPL_LABEL[name]} is the fastest there, {fused / other:.2f}× faster "
-                   "than the fused op." if other < fused / TIE else "")
+    return text + (f" {D.IMPL_LABEL[name]} is the fastest there: the fused op runs at "
+                   f"{other / fused:.2f}× its speed." if other < fused / TIE else "")
 
 
 def _methods(ms: pd.DataFrame) -> pd.DataFrame:

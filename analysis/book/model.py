@@ -177,8 +177,8 @@ def training(folder) -> pd.DataFrame:
         out[TRAINING_IMPLS[impl]] = [f"{v:.3f}" if v == v else "" for v in t[impl]]
     others = t.drop(columns=["triton_fused"], errors="ignore").min(axis=1)
     if "triton_fused" in t:
-        out["ours / fastest other"] = [f"{o / b:.2f}" if o == o and b == b else ""
-                                       for o, b in zip(t["triton_fused"], others)]
+        out["speedup"] = [f"{b / o:.2f}×" if o == o and b == b else ""
+                          for o, b in zip(t["triton_fused"], others)]
     return out
 
 

@@ -129,14 +129,15 @@ def _standing_text(st: pd.DataFrame, what: str) -> str:
     every, parts = st["width"].tolist(), []
     ahead, level, behind = st[r > 1 + TIE], st[(r - 1).abs() <= TIE], st[r < 1 - TIE]
     if len(ahead):
-        parts.append(f"ahead at {_widths(ahead['width'], every)}, where the fastest other "
-                     f"({_who(ahead['best'])}) takes {D.ratio_range(r[ahead.index])} its time")
+        parts.append(f"ahead at {_widths(ahead['width'], every)}, at "
+                     f"{D.ratio_range(r[ahead.index])} the speed of the fastest other "
+                     f"({_who(ahead['best'])})")
     if len(level):
         parts.append(f"level, within {TIE:.0%}, at {_widths(level['width'], every)} "
                      f"({_who(level['best'])})")
     if len(behind):
-        parts.append(f"behind at {_widths(behind['width'], every)}, where "
-                     f"{_who(behind['best'])} takes {D.ratio_range(r[behind.index])} its time")
+        parts.append(f"behind at {_widths(behind['width'], every)}, at "
+                     f"{D.ratio_range(r[behind.index])} the speed of {_who(behind['best'])}")
     return (f"Against the fastest other implementation at each width, {what} is "
             + "; ".join(parts) + ".")
 
@@ -404,8 +405,8 @@ def _users_sentence(users: pd.DataFrame) -> str:
         r = g["best_ms"] / g["ours"]
         ahead, behind = g[r > 1 + TIE], g[r < 1 - TIE]
         level = g.drop(ahead.index.union(behind.index))
-        said = [f"ahead at {', '.join(ahead['shape'])} (the fastest other takes "
-                f"{D.ratio_range(r[ahead.index])} its time)"] if len(ahead) else []
+        said = [f"ahead at {', '.join(ahead['shape'])} (at "
+                f"{D.ratio_range(r[ahead.index])} the fastest other's speed)"] if len(ahead) else []
         if len(behind):
             said.append(f"behind at {', '.join(behind['shape'])} ({_who(behind['best'])}: "
                         f"{D.ratio_range(r[behind.index])})")

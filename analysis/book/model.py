@@ -151,7 +151,7 @@ def _gc_note(t: pd.DataFrame) -> str:
     if "gc" in t and (t["gc"].astype(str) == "off").all():
         return ("; the steps timed with Python's cyclic garbage collector off, as training "
                 "frameworks run it: its passes over every object the process holds slow a "
-                "host-bound step (docs/bench.md)")
+                "host-bound step")
     return ""
 
 
@@ -186,10 +186,10 @@ def _training_text(folder) -> str:
     t = training(folder)
     if not len(t):
         return ""
-    return ("Forward + backward through autograd at training shapes, ms per call (back-to-back "
-            "calls; the backward runs on the autograd engine's thread, so a call's host time "
-            "counts where it exceeds its GPU time; the training family's rows):\n\n"
-            + D.md_table(t) + "\n")
+    return (D.md_table(t) + "\n\n: Forward + backward through autograd at training shapes, ms "
+            "per call (back-to-back calls; the backward runs on the autograd engine's thread, so "
+            "a call's host time counts where it exceeds its GPU time). Speedup: the fastest "
+            "other's time over ours. {#tbl-model-training}\n")
 
 
 def compute(folders: list) -> dict:
@@ -208,13 +208,15 @@ def compute(folders: list) -> dict:
         HEADING +
         f"Hugging Face's GPT-2 small (random weights), one forward and backward of {b} × {s:,} "
         f"tokens under bf16 autocast, with our {swapped} swapped in "
-        f"(`analysis/bench/model_check.py`{_gc_note(t)}). " + _sentence(t) + " "
+        f"(how it was run: @sec-reproducibility{_gc_note(t)}). " + _sentence(t) + " "
         + _checks(folder) + "\n\n"
-        + D.md_table(_table(t)) + "\n\n"
-        + ("The GPU's time per step by kind of kernel (ms, the profiler's kernel durations grouped "
-           "by kernel name):\n\n" + D.md_table(split) + "\n\n" if len(split) else "")
-        + ("Where the host's time goes: µs of host time per forward + backward call at tiny "
-           "sizes (back-to-back calls; launch_cost.csv):\n\n" + D.md_table(host) + "\n\n"
+        + D.md_table(_table(t)) + "\n\n: GPT-2 small trained with PyTorch's ops and with ours, "
+        "eager and under torch.compile. {#tbl-model-gpt2}\n\n"
+        + (D.md_table(split) + "\n\n: The GPU's time per training step by kind of kernel (ms, "
+           "the profiler's kernel durations grouped by kernel name). {#tbl-model-split}\n\n"
+           if len(split) else "")
+        + (D.md_table(host) + "\n\n: Where the host's time goes: µs of host time per forward + "
+           "backward call at tiny sizes (back-to-back calls). {#tbl-model-host}\n\n"
            + _floor_sentence(folder) if len(host) else "")
         + _training_text(folder))
     return {"say": {"section": section}, "table": _table(t), "split": split}

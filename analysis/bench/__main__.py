@@ -1,4 +1,4 @@
-"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid book|full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
+"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid book|reference|full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
 
 Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
 family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
@@ -38,8 +38,10 @@ def parse(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="results folder to create")
     ap.add_argument("--grid", default="book", choices=GRIDS,
-                    help="book: the sizes the book shows, one trial (default); full: every size, "
-                         "block and baseline, three trials; smoke: toy shapes")
+                    help="book: the sizes the book shows, one trial (default); reference: the "
+                         "book's sizes with every baseline the book reads, three trials where "
+                         "it reads their spread (make reference); full: every size, block and "
+                         "baseline, three trials; smoke: toy shapes")
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
                     help="family to sweep (repeatable; default: all)")
     ap.add_argument("--op", action="append", metavar="NAME",

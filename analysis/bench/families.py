@@ -35,7 +35,7 @@ PROBLEMS = {name: _grid(f.grid) for name, f in FAMILIES.items()}
 GRIDS = ("book", "reference", "full", "smoke")
 # Trials per configuration (the reference grid: SPREAD_TRIALS where the book reads the spread).
 TRIALS = {"book": 1, "reference": 1, "full": 3, "smoke": 1}
-SPREAD_TRIALS = 3
+SPREAD_TRIALS = sweep.TRIALS  # as the full grid
 # Where the book reads the spread of a row's trials, so that the reference grid times three:
 # each family's headline case (the findings and the across-families chapter call rows within a
 # few percent there a tie, TIE in analysis/book/summary.py and across.py) and every linear +

@@ -117,12 +117,13 @@ def test_profile_parses_a_recorded_ncu_run():
 
 
 def test_profile_reads_ncu_details_pages():
-    """The committed details pages (ncu --page details --csv on the H100): one row per kernel,
+    """Recorded details pages (ncu --page details --csv on the H100, kept in tests/data: a
+    reference folder holds its own commit's files only): one row per kernel,
     units converted (ns -> us, bytes -> kB, thousands separators), sections not collected
     missing; detail_view names every kernel or refuses."""
     from triton_fusion_report.analysis.bench import profile as P
 
-    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    folder = Path(__file__).parent / "data"
     before = P.ncu_details((folder / "ncu_linear_gelu_5cbecbb.csv").read_text())
     after = P.ncu_details((folder / "ncu_linear_gelu_c94faa2.csv").read_text())
     assert list(before["kernel"]) == ["_matmul_tma_kernel"] * 2 + ["_activation_kernel"]
@@ -170,7 +171,7 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     target_counters keeps our fused kernel and the fastest other implementation."""
     from triton_fusion_report.analysis.bench import profile as P
     from triton_fusion_report.analysis.model import counters as K
-    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    folder = Path(__file__).parent / "data"
     recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
     details = P.ncu_details(_details_with_markers(
         (folder / "ncu_softmax_v_5cbecbb.csv").read_text()))

@@ -400,3 +400,20 @@ def test_load_reads_old_softmax_rows_as_the_forward(tmp_path):
     assert (fwd["direction"] == "fwd").all()
     bwd = D.load(tmp_path, "softmax", op="softmax_bwd")
     assert len(bwd) == 0 and "ms_device" in bwd and "width" in bwd
+
+
+def test_the_appendix_says_which_peer_library_was_not_installed(tmp_path):
+    """A folder whose peer rows say `unsupported` because the library was not installed gets a
+    note naming it and how many configurations lack it; one that failed for another reason, or
+    measured them, gets none."""
+    from triton_fusion_report.analysis.book import reproducibility as R
+
+    smoke = Path(__file__).parent / "data" / "smoke"
+    note = R.peers_note(R.folders_of([smoke])[0])
+    assert "Liger-Kernel (" in note and "not installed" in note and "make setup" in note
+    for path in smoke.glob("*.parquet"):
+        df = pd.read_parquet(path)
+        if "impl" in df:
+            df.loc[df["impl"] == "liger", "error"] = "RuntimeError: no kernel for this shape"
+        df.to_parquet(tmp_path / path.name)
+    assert R.peers_note(R.folders_of([tmp_path])[0]) == ""

@@ -310,6 +310,12 @@ def test_profile_budget_skips_what_it_cannot_run_and_resume_runs_only_that(tmp_p
     assert [i for i, _ in ran] == [1, 2, 3] and all(t == P.CASE_TIMEOUT_S for _, t in ran)
     assert sorted(r["op"] for r in rows) == sorted(c[1] for c in P.CASES[:4])
     assert {r["status"] for r in rows} == {"ok"}
+    # Cut by the budget: skipped (resumed later), but for the command's first case: failed.
+    monkeypatch.setattr(P, "profile_case", lambda i, *a, **k: [dict(
+        P._case_base(i, meta), impl=None, status="skipped", error="cut")])
+    rows = P.run_pass(P.profile_case, path, [0, 1], ncu, tmp_path, meta,
+                      deadline=time.monotonic() + 1000)
+    assert [r["status"] for r in rows] == ["failed", "skipped"]
 
 
 def test_profile_case_cut_by_the_budget_is_skipped_a_stall_failed(tmp_path, monkeypatch):

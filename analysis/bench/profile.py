@@ -299,11 +299,15 @@ def done_cases(path: Path, cases: list[int], commit: str) -> set[int]:
 
 def run_pass(run_case, path: Path, cases: list[int], ncu: str, raw: Path, meta: dict,
              deadline: float | None = None, resume: bool = False, keep_others: bool = False,
-             all_impls: bool = False) -> list[dict]:
+             all_impls: bool = False, ran: list | None = None) -> list[dict]:
     """One pass (profile_case or details_case) over `cases` into `path`, written after each case.
     resume: the cases the file already holds in full at this commit are kept, not run again;
     keep_others (--case): the file's rows of other cases are kept. A case starts only before
-    `deadline` (time.monotonic()) and runs until it at most; the others are `skipped` rows."""
+    `deadline` (time.monotonic()) and runs until it at most; the others are `skipped` rows. The
+    first case a command runs (`ran`: the cases run before, over the passes) is never skipped
+    for the budget: cut, it failed, so that a case that stalls ends as failed, not resumed by
+    every later command in turn."""
+    ran = [] if ran is None else ran
     done = done_cases(path, cases, meta.get("git_commit")) if resume else set()
     redo = {_case_key(i) for i in cases if i not in done}
     rows = [r for r in kept_rows(path, []) if (r["family"], r["op"], r["dtype"]) not in redo] \
@@ -318,8 +322,12 @@ def run_pass(run_case, path: Path, cases: list[int], ncu: str, raw: Path, meta: 
                              error="the profile's budget was spent before this case (the same "
                                    "command with --resume profiles it)"))
         else:
-            rows += run_case(i, ncu, raw, meta, timeout=None if left is None
-                             else min(CASE_TIMEOUT_S, left), all_impls=all_impls)
+            new = run_case(i, ncu, raw, meta, timeout=None if left is None
+                           else min(CASE_TIMEOUT_S, left), all_impls=all_impls)
+            if not ran:
+                new = [dict(r, status="failed") if r["status"] == "skipped" else r for r in new]
+            ran.append(i)
+            rows += new
         print(f"{CASES[i][0]} {CASES[i][1]}: {rows[-1]['status']}, "
               f"{sum(r['status'] == 'ok' for r in rows)} kernels so far", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,11 +386,12 @@ def main(argv=None) -> int:
     raw.mkdir(parents=True, exist_ok=True)
     passes = ([(profile_case, "profile.parquet", False)] if not args.details or args.both else []) \
         + ([(details_case, "profile_details.parquet", True)] if args.details or args.both else [])
+    ran = []
     for run_case, name, details in passes:
         cases = args.case or [i for i, c in enumerate(CASES)
                               if not details or c[0] in DETAIL_FAMILIES]
         rows = run_pass(run_case, args.out / name, cases, ncu, raw, meta, deadline, args.resume,
-                        keep_others=bool(args.case), all_impls=args.all_impls)
+                        keep_others=bool(args.case), all_impls=args.all_impls, ran=ran)
         with pd.option_context("display.width", 200):
             table = pd.DataFrame(rows)
             print(details_summary(table).round(1).to_string() if details

@@ -8,7 +8,7 @@ Four grids:
 - "reference": what builds the committed references (`make reference`): the book's sizes with
   every baseline the book reads there (attention's searching ones at its headline shape only, as
   in the full grid), three interleaved trials where the book reads the trials' spread
-  (SPREAD_READ), one elsewhere.
+  (`spread_read`), one elsewhere.
 - "full": every size, block and baseline, three trials (attention's two searching baselines at its
   headline case only, FULL_SEARCHES_HEADLINE_ONLY): a deep sweep that nothing in the book needs.
 - "smoke": toy shapes, one brief trial (the pipeline's check, on a CPU or a GPU): our kernels and

@@ -27,8 +27,17 @@ BENCH_OUT ?= results/runs/$(RUN_ID)
 # synthesis compares the GPUs of all), e.g. RESULTS="results/reference/h100 results/reference/h200".
 RESULTS ?= $(REFERENCES)
 SPACE := $(subst ,, )
-# The bench's grid: book (what the book shows, ~5 min on one H100), full (the references), smoke.
+# The bench's grid: book (what the book shows, ~5 min on one H100), reference (what make reference
+# runs), full (every size: a deep sweep the book does not need), smoke.
 GRID ?= book
+# make reference's folder: one per commit, so that the same command run again continues it.
+REFERENCE_OUT ?= results/runs/reference-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+# Seconds for make profile's two passes together (the cases after it: skipped rows, resumable).
+PROFILE_BUDGET ?= 240
+# make reference: stop cleanly after LIMIT seconds (a device call cut at 600 s: LIMIT=560), to be
+# run again; FORCE=1 runs it on a changed tree (the result cannot be promoted).
+LIMIT ?=
+FORCE ?=
 BENCH_ARGS ?=
 # Processes that compile before the timed sweep (analysis/bench/warm.py; -1: 3/4 of the CPUs, at
 # most 12; 0: none).
@@ -41,23 +50,34 @@ BOOK_PDF := kernel-fusion-in-triton.pdf
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 HAS_GPU = $(RUN_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 
-.PHONY: help setup test test-all test-report bench profile seed002 render report gate smoke-data clean
+.PHONY: help setup test test-all test-report bench reference profile seed002 render report gate smoke-data clean
 
 help: ## list the targets
 	@echo "Kernel fusion in Triton. Targets:"
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## /  make \1\t/' | expand -t 20
 	@echo "Variables: PYTHON=<interpreter> (reuse one, install nothing), RESULTS='<dir> ...' (render),"
-	@echo "           GRID=book|full|smoke, BENCH_OUT=<dir>, BENCH_ARGS='--family elementwise' (bench),"
+	@echo "           GRID=book|reference|full|smoke, BENCH_OUT=<dir>, BENCH_ARGS='--family elementwise' (bench),"
+	@echo "           REFERENCE_OUT=<dir>, LIMIT=<s>, FORCE=1 (reference), PROFILE_BUDGET=<s> (profile, reference),"
 	@echo "           JOBS=<test processes, default auto>"
 
 setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependencies (once)
 
-$(VENV)/.installed: requirements.txt
+# The peers and transformers (pyproject.toml's `peers` and `model` extras), on a GPU machine only,
+# each alone, held to the torch and triton there (a constraint: never another torch's download);
+# one that cannot be installed is said, and the bench says which rows will lack it.
+EXTRAS := $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/p' pyproject.toml | grep -E '^(peers|model) *=' | grep -oE '"[^"]+"' | tr -d '"')
+
+$(VENV)/.installed: requirements.txt pyproject.toml
 	@if $(PY) -c "import sys, torch, triton; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "setup: $(PY) has a CUDA torch and triton: reusing them (venv with system site-packages)"; \
 	  $(PY) -m venv --system-site-packages $(VENV) && \
 	  grep -vE '^(torch|triton|numpy)==' requirements.txt > $(VENV)/requirements-gpu.txt && \
-	  $(VENV)/bin/pip install -q -r $(VENV)/requirements-gpu.txt; \
+	  $(VENV)/bin/pip install -q -r $(VENV)/requirements-gpu.txt && \
+	  $(VENV)/bin/python -c "import torch, triton; print(f'torch=={torch.__version__}\ntriton=={triton.__version__}')" > $(VENV)/constraints-gpu.txt && \
+	  for req in $(EXTRAS); do \
+	    $(VENV)/bin/pip install -q -c $(VENV)/constraints-gpu.txt "$$req" \
+	      || echo "setup: could not install $$req: its rows will say unsupported (the bench and the book say so)"; \
+	  done; \
 	else \
 	  echo "setup: CPU machine: torch (CPU build) and triton from requirements.txt"; \
 	  $(PY) -m venv $(VENV) && $(VENV)/bin/pip install -q -r requirements.txt; \
@@ -70,20 +90,25 @@ test: setup ## fast correctness tests: every op and kernel path on the fewest sh
 test-all: setup ## every correctness test: the whole matrix of shapes, dtypes and options (what CI runs)
 	$(RUN_PY) -m pytest -q -n $(JOBS) --maxprocesses 16 tests
 
-bench: setup ## GPU: the sweeps of GRID (book, full or smoke) and their tail steps into results/runs/<time>/
+bench: setup ## GPU: the sweeps of GRID (book, reference, full or smoke) and their tail steps into results/runs/<time>/
 	@# Without a GPU the bench says so itself (and the check would cost a start of torch).
 	@# With TAIL: then seed 002's own protocol (the attention chapter shows its CSV), launch
 	@# costs and the GPT-2 check, each in a process of its own; each prints its wall time.
 	$(RUN_PY) -m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(if $(TAIL),--tail) $(BENCH_ARGS)
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
-# The steps after the sweep run with the whole grid of book or full, not a part or the smoke grid.
+# The steps after the sweep run with a whole grid (book, reference, full), not a part or the smoke
+# grid.
 TAIL = $(if $(BENCH_ARGS),,$(filter-out smoke,$(GRID)))
 
-profile: setup ## GPU + Nsight Compute: DRAM bytes per kernel into BENCH_OUT/profile.parquet, the matmul kernels' details into profile_details.parquet
+reference: setup ## GPU + Nsight Compute: at a clean commit, the reference grid, its tail steps and the profile into REFERENCE_OUT; run again to continue (LIMIT=<s>)
+	@# Refuses a changed tree (FORCE=1 tries it anyway); each step skipped where the folder has it,
+	@# so a call cut by a time limit is continued by the same command (docs/benchmarking.md).
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) --profile-budget $(PROFILE_BUDGET) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
+
+profile: setup ## GPU + Nsight Compute: the cases the book reads, DRAM bytes into BENCH_OUT/profile.parquet and the matmul kernels' details into profile_details.parquet, within PROFILE_BUDGET s
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }
-	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --out $(BENCH_OUT)
-	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --details --out $(BENCH_OUT)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --out $(BENCH_OUT) --both --resume --budget $(PROFILE_BUDGET)
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }

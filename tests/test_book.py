@@ -420,3 +420,20 @@ def test_one_ratio_convention(qmd):
                         ("tables", " ".join(made["table_text"]))):
         hit = OTHER_WAY.search(body)
         assert not hit, f"{qmd.name}: a ratio the other way round in its {where}: {hit.group(0)!r}"
+
+
+def test_the_appendix_says_which_peer_library_was_not_installed(tmp_path):
+    """A folder whose peer rows say `unsupported` because the library was not installed gets a
+    note naming it and how many configurations lack it; one that failed for another reason, or
+    measured them, gets none."""
+    from triton_fusion_report.analysis.book import reproducibility as R
+
+    smoke = Path(__file__).parent / "data" / "smoke"
+    note = R.peers_note(R.folders_of([smoke])[0])
+    assert "Liger-Kernel (" in note and "not installed" in note and "make setup" in note
+    for path in smoke.glob("*.parquet"):
+        df = pd.read_parquet(path)
+        if "impl" in df:
+            df.loc[df["impl"] == "liger", "error"] = "RuntimeError: no kernel for this shape"
+        df.to_parquet(tmp_path / path.name)
+    assert R.peers_note(R.folders_of([tmp_path])[0]) == ""

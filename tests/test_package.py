@@ -63,3 +63,43 @@ def test_no_top_level_imports():
              if p.suffix in (".py", ".qmd")]
     offenders = [str(p.relative_to(ROOT)) for p in files if bad.search(p.read_text())]
     assert not offenders
+
+
+def test_setup_installs_the_pinned_peers_on_a_gpu_machine(tmp_path):
+    """pyproject.toml's `peers` and `model` extras pin what the bench measures against (peers.py:
+    PINNED, MODEL), and `make setup`'s GPU branch installs each of them, held to the torch and
+    triton already there, saying which could not be installed; the CPU branch installs none."""
+    import tomllib
+
+    from triton_fusion_report.analysis.bench import peers
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert sorted(extras["peers"]) == sorted(f"{d}=={v}" for _, d, v in peers.PINNED.values())
+    assert extras["model"] == [f"{peers.MODEL[1]}=={peers.MODEL[2]}"]
+    dry = subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'venv'}", "PY=false"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    gpu, cpu = dry.split("\nelse")
+    for req in extras["peers"] + extras["model"]:
+        assert req in gpu and req not in cpu
+    assert "constraints-gpu.txt" in gpu and "could not install" in gpu
+
+
+def test_the_bench_says_what_a_missing_peer_leaves_out(monkeypatch):
+    """Before a bench starts: each peer library not installed, with the rows that will say
+    unsupported for it, and transformers for the GPT-2 check where the tail steps run."""
+    from types import SimpleNamespace
+
+    from triton_fusion_report.analysis.bench import families, peers
+
+    problems = families.select_problems(SimpleNamespace(grid="reference", family=None, op=None,
+                                                        where=None))
+    installed = {"liger": (None, ""), "flag_gems": ("5.0.2", "flag-gems 5.0.2")}
+    monkeypatch.setattr(peers, "_version", lambda impl: installed[impl])
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
+    lines = peers.missing(problems, tail=True)
+    n = sum(v.impl == "liger" for p in problems for v in p.variants)
+    assert lines[0].startswith(f"bench: liger-kernel is not installed (pip install "
+                               f"liger-kernel==0.8.5") and f"its {n} rows (" in lines[0]
+    assert "transformers is not installed" in lines[1] and len(lines) == 2
+    assert peers.missing(problems, tail=False) == lines[:1]

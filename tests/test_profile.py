@@ -117,12 +117,13 @@ def test_profile_parses_a_recorded_ncu_run():
 
 
 def test_profile_reads_ncu_details_pages():
-    """The committed details pages (ncu --page details --csv on the H100): one row per kernel,
+    """Recorded details pages (ncu --page details --csv on the H100, kept in tests/data: a
+    reference folder holds its own commit's files only): one row per kernel,
     units converted (ns -> us, bytes -> kB, thousands separators), sections not collected
     missing; detail_view names every kernel or refuses."""
     from triton_fusion_report.analysis.bench import profile as P
 
-    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    folder = Path(__file__).parent / "data"
     before = P.ncu_details((folder / "ncu_linear_gelu_5cbecbb.csv").read_text())
     after = P.ncu_details((folder / "ncu_linear_gelu_c94faa2.csv").read_text())
     assert list(before["kernel"]) == ["_matmul_tma_kernel"] * 2 + ["_activation_kernel"]
@@ -170,7 +171,7 @@ def test_profile_details_pair_our_kernel_with_the_fastest_other():
     target_counters keeps our fused kernel and the fastest other implementation."""
     from triton_fusion_report.analysis.bench import profile as P
     from triton_fusion_report.analysis.model import counters as K
-    folder = Path(__file__).parents[1] / "results" / "reference" / "h100"
+    folder = Path(__file__).parent / "data"
     recorded = P.ncu_details((folder / "ncu_softmax_v_5cbecbb.csv").read_text())
     details = P.ncu_details(_details_with_markers(
         (folder / "ncu_softmax_v_5cbecbb.csv").read_text()))
@@ -234,3 +235,99 @@ def test_profile_by_case_keeps_the_other_cases(tmp_path):
     pd.DataFrame(rows).to_parquet(path)
     kept = P.kept_rows(path, [1])
     assert [r["op"] for r in kept] == [P.CASES[0][1], P.CASES[2][1]]
+
+
+def test_profile_reads_what_the_book_reads():
+    """The DRAM pass profiles ours and eager only (the book reads the unfused over the fused
+    bytes, and eager's backward against ours); the details pass every possible rival of ours.
+    The LayerNorm backward's kernels are profiled through their direct call (graph_fn), not the
+    autograd engine's thread."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    for case in P.CASES:
+        problem = P.find_problem(case)
+        dram = [v.impl for v in P.profiled_variants(problem, P.DRAM_IMPLS)]
+        assert set(dram) <= set(P.DRAM_IMPLS) and {"torch_eager", "triton_fused"} <= set(dram)
+        details = {v.impl for v in P.profiled_variants(problem, skip=P.DETAIL_SKIP)}
+        assert "triton_fused" in details and not details & {"triton_unfused", "cublas"}
+    ln_bwd = P.find_problem(next(c for c in P.CASES if c[1] == "layer_norm_bwd"))
+    assert all(v.graph_fn is not None for v in P.profiled_variants(ln_bwd, P.DRAM_IMPLS))
+
+
+def _fake_ncu(tmp_path, argv_log):
+    """A stand-in for ncu that records the worker's options and writes what a worker would: an
+    order file with one profiled implementation and a log with its kernel between markers."""
+    fake = tmp_path / "ncu"
+    fake.write_text("#!" + sys.executable + "\nimport json, sys\na = sys.argv\n"
+                    f"open({str(argv_log)!r}, 'a').write(' '.join(a) + '\\n')\n"
+                    "open(a[a.index('--order') + 1], 'w').write(json.dumps(dict(order=["
+                    "'triton_fused'], failed={}, variants={}, bytes_impl={'triton_fused': 1})))\n"
+                    "open(a[a.index('--log-file') + 1], 'w').write("
+                    "'\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"\\n'"
+                    " + '\"0\",\"profile_marker\",\"dram__bytes_read.sum\",\"byte\",\"1\"\\n'"
+                    " + '\"1\",\"k\",\"dram__bytes_read.sum\",\"byte\",\"8\"\\n'"
+                    " + '\"1\",\"k\",\"dram__bytes_write.sum\",\"byte\",\"4\"\\n')\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_profile_budget_skips_what_it_cannot_run_and_resume_runs_only_that(tmp_path,
+                                                                           monkeypatch):
+    """Under a budget each case's time is the budget's rest at most; cases after the budget are
+    `skipped` rows (not dropped); --resume runs the cases not held in full at this commit (skipped,
+    failed as a whole, another commit's, missing) and keeps the others' rows."""
+    import time
+
+    from triton_fusion_report.analysis.bench import profile as P
+
+    argv_log = tmp_path / "argv.txt"
+    ncu = str(_fake_ncu(tmp_path, argv_log))
+    meta = dict(git_commit="c" * 40, gpu="x")
+    path = tmp_path / "out" / "profile.parquet"
+    rows = P.run_pass(P.profile_case, path, [0, 1], ncu, tmp_path, meta,
+                      deadline=time.monotonic() + 120)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert "--impls torch_eager,triton_unfused,triton_fused" in argv_log.read_text()
+    rows = P.run_pass(P.profile_case, path, [0, 1, 2], ncu, tmp_path, meta,
+                      deadline=time.monotonic() - 1)
+    assert [r["status"] for r in rows] == ["skipped"] * 3
+    assert "budget was spent" in rows[0]["error"]
+    assert pd.read_parquet(path)["status"].tolist() == ["skipped"] * 3
+
+    # A file of: case 0 done, 1 skipped, 2 failed as a whole, 3 of another commit.
+    base = [P._case_base(i, meta) for i in range(4)]
+    pd.DataFrame([dict(base[0], impl="triton_fused", status="ok"),
+                  dict(base[1], impl=None, status="skipped"),
+                  dict(base[2], impl=None, status="failed"),
+                  dict(base[3], impl="triton_fused", status="ok", git_commit="d" * 40)]
+                 ).to_parquet(path)
+    assert P.done_cases(path, [0, 1, 2, 3], meta["git_commit"]) == {0}
+    ran = []
+    monkeypatch.setattr(P, "profile_case", lambda i, *a, **k: ran.append((i, k["timeout"])) or
+                        [dict(P._case_base(i, meta), impl="triton_fused", status="ok")])
+    rows = P.run_pass(P.profile_case, path, [0, 1, 2, 3], ncu, tmp_path, meta,
+                      deadline=time.monotonic() + 1000, resume=True)
+    assert [i for i, _ in ran] == [1, 2, 3] and all(t == P.CASE_TIMEOUT_S for _, t in ran)
+    assert sorted(r["op"] for r in rows) == sorted(c[1] for c in P.CASES[:4])
+    assert {r["status"] for r in rows} == {"ok"}
+    # Cut by the budget: skipped (resumed later), but for the command's first case: failed.
+    monkeypatch.setattr(P, "profile_case", lambda i, *a, **k: [dict(
+        P._case_base(i, meta), impl=None, status="skipped", error="cut")])
+    rows = P.run_pass(P.profile_case, path, [0, 1], ncu, tmp_path, meta,
+                      deadline=time.monotonic() + 1000)
+    assert [r["status"] for r in rows] == ["failed", "skipped"]
+
+
+def test_profile_case_cut_by_the_budget_is_skipped_a_stall_failed(tmp_path, monkeypatch):
+    """A case that the budget's shorter time limit cuts is `skipped` (to be resumed); one past
+    its own CASE_TIMEOUT_S is `failed`, as a stall is."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    hung = tmp_path / "ncu_hangs"
+    hung.write_text("#!/bin/sh\necho 'profile worker: warming torch_eager' >&2\nsleep 60\n")
+    hung.chmod(0o755)
+    rows = P.profile_case(0, str(hung), tmp_path, dict(gpu="x"), timeout=1)
+    assert rows[0]["status"] == "skipped" and "cut at the profile's budget" in rows[0]["error"]
+    monkeypatch.setattr(P, "CASE_TIMEOUT_S", 1)
+    rows = P.profile_case(0, str(hung), tmp_path, dict(gpu="x"))
+    assert rows[0]["status"] == "failed" and "ran past 1 s" in rows[0]["error"]

@@ -42,7 +42,9 @@ def test_sink_keeps_rows_when_a_sweep_dies(tmp_path, device):
 
 def test_trials_are_interleaved_on_fresh_inputs(tmp_path, device):
     """Every variant is timed once per trial, the variants taking turns, each trial on inputs made
-    afresh; the row keeps the median of the trial medians and the lowest and highest."""
+    afresh; the row keeps the median of the trial medians and the lowest and highest. A
+    problem's own trial count (the reference grid's, where the book reads the spread) overrides
+    the grid's."""
     calls, made = [], []
 
     def make(d):
@@ -59,10 +61,11 @@ def test_trials_are_interleaved_on_fresh_inputs(tmp_path, device):
         family="elementwise", op="add_mul", dtype=torch.float32, precision="ieee",
         shape=dict(n=8, z_kind="scalar"), make_inputs=make, reference=lambda x: x * 2,
         bytes_model=64, flops_model=8, tolerance=1e-6, graph=False,
-        variants=[Variant("torch_eager", traced("a")), Variant("triton_fused", traced("b"))])
+        variants=[Variant("torch_eager", traced("a")), Variant("triton_fused", traced("b"))],
+        trials=3)
     meta = dict(run_id="r", started_at="t", git_commit="c", gpu="g", sm_count=None, torch="x",
                 triton="y", cuda="z")
-    run([problem], tmp_path, device, meta, [], progress=False, trials=3)
+    run([problem], tmp_path, device, meta, [], progress=False, trials=1)
     assert len(made) == 3
     # The checks, then per trial both variants on that trial's inputs (order rotated).
     timed = [c for c in calls[2:] if device.type == "cpu"] or calls[2:]
@@ -317,7 +320,7 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
                 assert want == impls, family
             else:
                 assert not impls & (searching | left_out), (family, p.shape)
-    assert families.TRIALS == {"book": 1, "full": 3, "smoke": 1}
+    assert families.TRIALS == {"book": 1, "reference": 1, "full": 3, "smoke": 1}
     # The full grid keeps every baseline but attention's searching ones off its headline.
     everything = families.PROBLEMS["attention"]("full")
     chosen = families.select_problems(SimpleNamespace(grid="full", family=["attention"], op=None,
@@ -328,6 +331,41 @@ def test_book_grid_is_the_full_grid_thinned_with_search_at_the_headline_only():
         impls, before = {v.impl for v in p.variants}, {v.impl for v in whole.variants}
         assert impls == (before if families.is_headline(p) else before - dropped)
     assert any(dropped <= {v.impl for v in p.variants} for p in chosen)
+
+
+def test_reference_grid_is_the_book_grid_with_its_baselines_and_trials_where_read():
+    """The reference grid: the book's problems, each with every baseline of the book's sizes
+    (attention's searching ones at its headline, FlagGems' there with either mask), three trials
+    where the book reads the trials' spread (each headline case, every linear + activation
+    shape) and the grid's one elsewhere."""
+    from types import SimpleNamespace
+
+    def key(p):
+        return (p.op, p.precision, tuple(sorted(p.shape.items())))
+
+    for family in families.PROBLEMS:
+        def chosen(grid):
+            return families.select_problems(SimpleNamespace(grid=grid, family=[family], op=None,
+                                                            where=None))
+        reference, book = chosen("reference"), chosen("book")
+        assert [key(p) for p in reference] == [key(p) for p in book], family
+        whole = families.PROBLEMS[family]("book")
+        for p, all_of in zip(reference, whole):
+            impls, every = [v.impl for v in p.variants], [v.impl for v in all_of.variants]
+            left = {i for i in every if i not in impls}
+            if families.is_headline(p) or family != "attention":
+                assert impls == every, (family, p.shape)
+            else:
+                searching = {i for f, i in families.FULL_SEARCHES_HEADLINE_ONLY if f == family}
+                assert left <= searching, (family, p.shape)
+                if families.is_headline(p, ignore=("causal",)):
+                    assert "flag_gems" in impls or "flag_gems" not in every
+            assert p.trials == (families.SPREAD_TRIALS if families.spread_read(p) else None)
+        assert any(p.trials for p in reference), family  # its headline at least
+    linear = families.select_problems(SimpleNamespace(grid="reference", family=["linear_act"],
+                                                      op=None, where=None))
+    assert all(p.trials == 3 for p in linear)
+    assert families.TRIALS["reference"] == 1
 
 
 def test_provenance(tmp_path, monkeypatch):

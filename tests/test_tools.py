@@ -69,26 +69,33 @@ def test_append_run(tmp_path):
 
 
 def _a_finished_run(dst: Path, commit: str = "c" * 40, run_id: str = "20261126T000000Z-abcdef"):
-    """The smoke run's files relabelled as one finished run at one clean commit."""
+    """The smoke run's files relabelled as one finished run of the reference grid at one clean
+    commit, its Triton rows of this checkout's kernels."""
     import shutil
 
+    kernel_hash = tool("promote").kernel_hash  # cached: the checkout's, once per family
     smoke = Path(__file__).parent / "data" / "smoke"
     dst.mkdir(parents=True, exist_ok=True)
     for path in smoke.glob("*.parquet"):
         df = pd.read_parquet(path)
         df["run_id"], df["git_commit"] = run_id, commit
-        if path.name == "runs.parquet":  # a smoke run, relabelled as the full grid's too
+        if path.name == "runs.parquet":  # a smoke run, relabelled as the reference grid's
             df["git_clean"] = True
-            df["argv"] = df["argv"].str.replace("--grid smoke", "--grid full")
+            df["argv"] = df["argv"].str.replace("--grid smoke", "--grid reference")
+        elif "kernel_hash" in df and "impl" in df:
+            triton = df["impl"].str.startswith("triton")
+            df.loc[triton, "kernel_hash"] = kernel_hash(path.stem)
         df.to_parquet(dst / path.name)
     shutil.copy(smoke / "limits.parquet", dst / "limits.parquet")
     lim = pd.read_parquet(dst / "limits.parquet").assign(run_id=run_id, git_commit=commit)
     lim.to_parquet(dst / "limits.parquet")
-    (dst / "launch_cost.csv").write_text("op,us\nsoftmax,1\n")
+    (dst / "launch_cost.csv").write_text(f"run_id,git_commit,op,us\nx,{commit},softmax,1\n")
     return dst
 
 
-def test_promote_replaces_the_reference_with_one_clean_run(tmp_path):
+def test_promote_replaces_the_reference_with_one_clean_run(tmp_path, capsys):
+    """Every data file of the reference that the run lacks is removed, an Nsight Compute document
+    of another commit too (issue 59); what the run lacks (its profile) is said, not refused."""
     promote = tool("promote")
 
     run = _a_finished_run(tmp_path / "run")
@@ -99,10 +106,11 @@ def test_promote_replaces_the_reference_with_one_clean_run(tmp_path):
     assert promote.problems(run) == []
     assert promote.main([str(run), str(into)]) == 0
     names = {p.name for p in into.iterdir()}
-    assert "old_only.parquet" not in names and "host_overhead.csv" not in names
-    assert {"ncu_x_abc.csv", "launch_cost.csv", "softmax.parquet", "runs.parquet"} <= names
+    assert not names & {"old_only.parquet", "host_overhead.csv", "ncu_x_abc.csv"}
+    assert {"launch_cost.csv", "softmax.parquet", "runs.parquet"} <= names
     assert pd.read_parquet(into / "softmax.parquet")["run_id"].unique().tolist() == \
         ["20261126T000000Z-abcdef"]
+    assert "note: no profile.parquet" in capsys.readouterr().err
 
 
 def test_promote_refuses_a_patchwork(tmp_path):
@@ -112,13 +120,11 @@ def test_promote_refuses_a_patchwork(tmp_path):
     df = pd.read_parquet(run / "softmax.parquet")
     df.loc[df.index[0], "run_id"] = "20261125T000000Z-other0"
     df.to_parquet(run / "softmax.parquet")
-    rec = pd.read_parquet(run / "runs.parquet").assign(status="running", git_clean=False)
-    rec["argv"] = rec["argv"].str.replace("--grid full", "--grid book")
+    rec = pd.read_parquet(run / "runs.parquet").assign(status="running")
     rec.to_parquet(run / "runs.parquet")
     (run / "attention.parquet").unlink()
     why = "\n".join(promote.problems(run))
-    for expected in ("running", "not clean", "attention.parquet is missing", "softmax.parquet: run_id",
-                     "not the full grid"):
+    for expected in ("running", "attention.parquet is missing", "softmax.parquet: run_id"):
         assert expected in why
     into = tmp_path / "ref"
     into.mkdir()
@@ -127,56 +133,72 @@ def test_promote_refuses_a_patchwork(tmp_path):
     assert (into / "softmax.parquet").read_text() == "old"
 
 
-def test_promote_takes_a_later_step_only_where_it_measures_the_same(tmp_path, monkeypatch):
-    """A later step's file (the profile's details) from another commit is accepted where what it
-    measures is the same at both commits, refused where it differs or no commit is recorded;
-    the sweep's files must be the run's commit whatever the code."""
+def test_promote_refuses_a_changed_tree(tmp_path):
+    """A run from a tree with uncommitted changes (make reference FORCE=1) is refused."""
+    promote = tool("promote")
+
+    run = _a_finished_run(tmp_path / "run")
+    rec = pd.read_parquet(run / "runs.parquet").assign(git_clean=False)
+    rec.to_parquet(run / "runs.parquet")
+    assert any("the tree was not clean" in w for w in promote.problems(run))
+
+
+def test_promote_takes_the_reference_grids_only(tmp_path):
+    """The reference grid and the full grid are promotable; the book's and the smoke grid, and a
+    bench of some families only, are not."""
+    promote = tool("promote")
+
+    run = _a_finished_run(tmp_path / "run")
+    rec = pd.read_parquet(run / "runs.parquet")
+    for grid, ok in (("reference", True), ("full", True), ("book", False), ("smoke", False)):
+        rec.assign(argv=rec["argv"].str.replace("--grid reference", f"--grid {grid}")).to_parquet(
+            run / "runs.parquet")
+        why = promote.problems(run)
+        assert (why == []) == ok, (grid, why)
+        assert ok or any(f"the {grid} grid, not a reference grid" in w for w in why)
+    rec.assign(families="softmax,elementwise").to_parquet(run / "runs.parquet")
+    assert any("not every family" in w for w in promote.problems(run))
+
+
+def test_promote_refuses_later_steps_of_another_commit(tmp_path):
+    """The later steps' files (the profile's, seed 002's, the launch costs' CSV) are the run's
+    commit or refused, whatever changed between the commits; a file without a commit (a CSV of
+    numbers, an ncu log) is taken as it is."""
     promote = tool("promote")
 
     run = _a_finished_run(tmp_path / "run")
     later = "d" * 40
-    pd.DataFrame(dict(git_commit=[later], family=["attention"])).to_parquet(
+    pd.DataFrame(dict(git_commit=["c" * 40], family=["attention"], status=["ok"])).to_parquet(
         run / "profile_details.parquet")
-    same = {("c" * 40, later)}
-    monkeypatch.setattr(promote, "same_measured", lambda a, b, name="": (a, b) in same)
+    (run / "seed002_ieee.csv").write_text("batch_size,d1\n16,2048\n")
+    (run / "ncu_softmax_v_x.csv").write_text("==PROF== Connected to process 1\n")
     assert promote.problems(run) == []
-    same.clear()
-    assert any("profile_details.parquet: git_commit" in w and "measures differs" in w
-               for w in promote.problems(run))
-    same.add(("c" * 40, later))
-    pd.DataFrame(dict(git_commit=[None], family=["attention"])).to_parquet(
-        run / "profile_details.parquet")
-    assert any("no commit recorded" in w for w in promote.problems(run))
-    pd.DataFrame(dict(git_commit=[later], family=["attention"])).to_parquet(
-        run / "profile_details.parquet")
-    df = pd.read_parquet(run / "softmax.parquet").assign(git_commit=later)
-    df.to_parquet(run / "softmax.parquet")
-    assert any(w.startswith("softmax.parquet: git_commit") for w in promote.problems(run))
+    for name in ("profile_details.parquet", "seed002.parquet"):
+        pd.DataFrame(dict(git_commit=[later], family=["attention"])).to_parquet(run / name)
+        assert any(w.startswith(f"{name}: git_commit ['{later}']") for w in promote.problems(run))
+        (run / name).unlink()
+    (run / "launch_cost.csv").write_text(f"run_id,git_commit,op\nx,{later},softmax\n")
+    assert any(w.startswith("launch_cost.csv: git_commit") for w in promote.problems(run))
+    (run / "launch_cost.csv").write_text(f"run_id,git_commit,op\nx,{'c' * 40}-dirty,softmax\n")
+    assert any(w.startswith("launch_cost.csv: git_commit") for w in promote.problems(run))
 
 
-def test_promote_asks_git_what_changed():
-    """same_measured on this repository's history: d3667c4 and 45020ef differ in kernels/
-    (refused); d3667c4 and f00a44d differ only in modules that measure nothing (the profile's
-    reader, promote, the report): accepted; by 95ab8e4 timing.py changed, which seed 002's
-    benchmark uses (refused for it, not for the profile's details); an unknown commit: refused."""
+def test_promote_refuses_kernels_other_than_the_checkouts(tmp_path):
+    """A family whose Triton rows ran other kernel sources than this checkout's (their kernel
+    hash), or record none, is refused: the book would show other kernels than the code's."""
     promote = tool("promote")
 
-    import subprocess
-
-    from triton_fusion_report.analysis.bench import machine
-
-    full = {}
-    for short in ("d3667c4", "45020ef", "f00a44d", "95ab8e4"):
-        try:
-            full[short] = machine.git("rev-parse", "--verify", "--quiet", f"{short}^{{commit}}")
-        except (OSError, subprocess.CalledProcessError):
-            pytest.skip("not a checkout with this repository's history")
-    assert promote.same_measured(full["d3667c4"], full["d3667c4"])
-    assert not promote.same_measured(full["d3667c4"], full["45020ef"])
-    assert promote.same_measured(full["d3667c4"], full["f00a44d"], "profile_details.parquet")
-    assert promote.same_measured(full["d3667c4"], full["95ab8e4"], "profile_details.parquet")
-    assert not promote.same_measured(full["d3667c4"], full["95ab8e4"], "seed002.parquet")
-    assert not promote.same_measured(full["d3667c4"], "0" * 40)
+    run = _a_finished_run(tmp_path / "run")
+    df = pd.read_parquet(run / "softmax.parquet")
+    triton = df["impl"].str.startswith("triton")
+    df.loc[triton, "kernel_hash"] = "0123456789abcdef"
+    df.to_parquet(run / "softmax.parquet")
+    assert any(w.startswith("softmax.parquet: Triton rows of kernel sources ['0123456789abcdef']")
+               for w in promote.problems(run))
+    df.loc[triton, "kernel_hash"] = None
+    df.to_parquet(run / "softmax.parquet")
+    assert any("softmax.parquet: Triton rows without a kernel hash" in w
+               for w in promote.problems(run))
 
 
 def _worker_runs(run: Path, parts: int = 2, workers: int = 2, last: str = "finished"):

@@ -80,7 +80,8 @@ def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
     """make bench's steps after the sweep (cli.TAIL_STEPS) start before it, each in a process of
     its own with its --out, and run in turn once told; one that fails (in its main, or at its
     import, before its turn) is reported, the next ones still run, and the bench fails. A step
-    never told to go exits without running."""
+    never told to go exits without running. The steps that succeeded are marked done in the
+    folder, and a resumed bench starts only the others."""
     steps = tmp_path / "steps"
     steps.mkdir()
     (steps / "__init__.py").write_text("")
@@ -94,8 +95,14 @@ def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setattr(cli, "__package__", "steps")
     out = tmp_path / "run"
-    assert cli.run_tail(cli.start_tail(out)) == 1
+    assert cli.run_tail(cli.start_tail(out), out) == 1
     assert (tmp_path / "launch_cost.ran").read_text() == f"--out {out / 'launch_cost.csv'}"
+    assert cli.done(out) == {"launch_cost", "model_check"}
+    again = cli.start_tail(out, cli.done(out))
+    assert [step for step, _ in again] == ["seed002"]
+    for _, proc in again:
+        proc.stdin.close()
+        proc.wait(timeout=60)
     assert all((tmp_path / f"{s}.ran").exists() for s, _ in cli.TAIL_STEPS)
     printed = capsys.readouterr().out
     assert "bench: seed002" in printed and "FAILED" in printed and "bench: model_check" in printed

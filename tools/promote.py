@@ -3,23 +3,23 @@
     python tools/promote.py RUN INTO [--dry-run]
 
 INTO (e.g. `results/reference/h100`) then holds RUN's results alone: RUN's data files (Parquet
-and CSV) are copied in, and INTO's data files that RUN lacks are removed, except the named Nsight
-Compute documents the chapters cite (`ncu_*.csv`, profiles of earlier commits). A patchwork is
-replaced, not kept beside (issue 15). Refused, with every reason, unless RUN is one clean bench
-(one run, or the per-GPU runs of one `--workers` bench and its resumes, see `bench_problems`):
-finished, at one clean commit, the sweep's rows of its run ids, every Parquet row of that
-commit, and every family of the grid present. A later step's file (the profile's
-details, seed 002) may come from another commit only where what it measures is the same at both
-(MEASURED: the kernels, the problems and baselines of the grid, and the step's own benchmark
-where it has one; git says so): an analysis fix or a new reading of the same kernels.
-`--dry-run` prints what would change.
+and CSV) are copied in, and INTO's data files that RUN lacks are removed, whatever they are (a
+patchwork is replaced, not kept beside: issue 15; a document of another commit too: issue 59).
+Refused, with every reason, unless RUN is one clean bench of a reference grid (`make reference`,
+or `make bench GRID=full`; one run, or the per-GPU runs of one `--workers` bench and its resumes,
+see `bench_problems`): finished, at one clean commit, the sweep's rows of its run ids, every
+family of the grid present, every row and every file that records a commit at that commit (the
+later steps too: seed 002, the launch costs, the GPT-2 check, the profile), and every family's
+Triton rows of this checkout's kernels (their kernel hash, analysis/sources.py). What a reference
+lacks (the profile, a tail step's file) is said, not refused. `--dry-run` prints what would
+change.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,43 +30,18 @@ try:
 except ImportError:  # run from a checkout without PYTHONPATH: the checkout's package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from triton_fusion_report.analysis.bench import machine  # noqa: E402
 from triton_fusion_report.analysis.families import FAMILIES  # noqa: E402
+from triton_fusion_report.analysis.sources import kernel_hash as _kernel_hash  # noqa: E402
+
+kernel_hash = functools.cache(_kernel_hash)  # the checkout's, read once per family
 
 DATA_SUFFIXES = (".parquet", ".csv")
-KEPT_DOCUMENTS = "ncu_*.csv"
-# What a later step measures, as paths from the repository's top: the kernels, and the modules
-# that define the grid's problems and baselines (the family modules, the sweep, the peers, the
-# traffic model); a step with a benchmark of its own adds that. Each module at its place since
-# the bench became a package (analysis/bench/, analysis/model/) and before (analysis/): two
-# commits on either side of the move differ there, and are refused.
-_BEFORE, _BENCH = "analysis/", "analysis/bench/"
-MEASURED = ("kernels", "analysis/families.py", "analysis/bench/families.py",
-            "analysis/model/traffic.py",
-            *(folder + name for folder in (_BEFORE, _BENCH)
-              for name in ("__main__.py", "sweep.py", "attention.py", "elementwise.py",
-                           "reductions.py", "matmul_epilogue.py", "peers.py", "schema.py")),
-            "analysis/traffic.py")
-TIMING = ("analysis/timing.py", "analysis/bench/timing.py")
-# The counters need no timing; another step's file is held to the timing protocol too.
-MEASURED_BY_FILE = {"seed002.parquet": ("analysis/seed002.py", "analysis/bench/seed002.py",
-                                        *TIMING),
-                    "profile.parquet": (), "profile_details.parquet": ()}
-
-
-def same_measured(a: str, b: str, name: str = "") -> bool:
-    """True where commits a and b of the project's own checkout hold the same MEASURED paths,
-    and those of file `name`; False where git does not know either commit."""
-    if not machine.own_checkout():
-        return False
-    paths = [f":(top){p}" for p in MEASURED + MEASURED_BY_FILE.get(name, TIMING)]
-    try:
-        for c in (a, b):
-            machine.git("cat-file", "-e", f"{c}^{{commit}}")
-        machine.git("diff", "--quiet", a, b, "--", *paths)  # exit 1: they differ
-    except (OSError, subprocess.CalledProcessError):
-        return False
-    return True
+# The grids a reference is measured on (the grid is in every run's command line since the default
+# became the book's subset; before, a run without one was of the full grid).
+REFERENCE_GRIDS = ("reference", "full")
+# What a complete reference holds besides the sweep's files: the tail steps' and the profile's.
+EXPECTED = ("seed002.parquet", "launch_cost.csv", "model_check.csv", "profile.parquet",
+            "profile_details.parquet")
 
 
 def bench_problems(rec: pd.DataFrame) -> list[str]:
@@ -82,10 +57,10 @@ def bench_problems(rec: pd.DataFrame) -> list[str]:
             out.append(f"{len(rec)} run records of different {column}: "
                        f"{sorted(set(rec[column].astype(str)))}")
     for _, r in rec.iterrows():
-        # The grid is in every run's command line since the default became the book's subset;
-        # before, a run without one was of the full grid.
-        if "--grid" in str(r.get("argv", "")) and "--grid full" not in str(r["argv"]):
-            out.append(f"run {r['run_id']}: not the full grid (make bench GRID=full)")
+        grid = re.search(r"--grid (\S+)", str(r.get("argv", "")))
+        if grid and grid.group(1) not in REFERENCE_GRIDS:
+            out.append(f"run {r['run_id']}: the {grid.group(1)} grid, not a reference grid "
+                       "(make reference, or make bench GRID=full)")
         if not bool(r.get("git_clean", False)):
             out.append(f"run {r['run_id']}: the tree was not clean ({r['git_commit']})")
     if len(rec) > 1:
@@ -121,44 +96,86 @@ def problems(run: Path) -> list[str]:
     rec = pd.read_parquet(records)
     out = [f"{run}: {w}" for w in bench_problems(rec)]
     r = rec.sort_values("started_at").iloc[-1]
-    ids = set(rec["run_id"].astype(str))
+    commit, ids = str(r["git_commit"]), set(rec["run_id"].astype(str))
     # Every family the bench swept (its record's list; a bench from before a family joined the
     # grid does not have it).
     listed = set(str(r.get("families") or "").split(",")) - {""}
+    if listed and set(FAMILIES) - listed:
+        out.append(f"the bench swept {', '.join(sorted(listed))}, not every family "
+                   f"(missing: {', '.join(sorted(set(FAMILIES) - listed))})")
     for family in FAMILIES:
         if (not listed or family in listed) and not (run / f"{family}.parquet").exists():
             out.append(f"{family}.parquet is missing")
     sweep_files = {f"{family}.parquet" for family in FAMILIES} | {"limits.parquet"}
-    for path in sorted(run.glob("*.parquet")):
-        df = pd.read_parquet(path)
-        # The sweep's files are the run's own; the later steps (seed 002, the profile) record
-        # runs of their own, at the same commit.
-        checks = [("git_commit", {str(r["git_commit"])})]
-        if path.name in sweep_files:
-            checks.append(("run_id", ids))
-        for column, want in checks:
-            if column not in df or not len(df):
-                continue
-            seen = sorted(set(df[column].dropna().astype(str)))
-            if seen and set(seen) <= want:
-                continue
-            if (column == "git_commit" and path.name not in sweep_files and seen
-                    and all(same_measured(str(r["git_commit"]), c, path.name) for c in seen)):
-                continue  # a later step, at a commit that measures the same code
-            why = ("" if path.name in sweep_files or column != "git_commit" else
-                   " (no commit recorded)" if not seen else
-                   " (a commit git does not know, or what it measures differs)")
-            out.append(f"{path.name}: {column} {seen}, not {sorted(want)}{why}")
+    for path in sorted(p for p in run.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file()):
+        df = read(path)
+        if df is None:
+            continue
+        # Every file that records a commit is of the run's: the sweep's, and the later steps'
+        # (seed 002, the launch costs, the GPT-2 check, the profile), which are runs of their own.
+        seen = sorted(set(df["git_commit"].dropna().astype(str))) if "git_commit" in df else []
+        if seen and seen != [commit]:
+            out.append(f"{path.name}: git_commit {seen}, not {commit} (a reference is one "
+                       "commit: measure that step again at it)")
+        if path.name in sweep_files and "run_id" in df and len(df):
+            stray = sorted(set(df["run_id"].dropna().astype(str)) - ids)
+            if stray:
+                out.append(f"{path.name}: run_id {stray}, not the bench's {sorted(ids)}")
+        family = path.stem if path.name in sweep_files else None
+        if family in FAMILIES and "impl" in df:
+            out += stale(family, df)
+    return out
+
+
+def read(path: Path) -> pd.DataFrame | None:
+    """A data file's rows (None for a document that is not a table, e.g. an ncu log)."""
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    try:
+        return pd.read_csv(path)
+    except (ValueError, pd.errors.ParserError):
+        return None
+
+
+def stale(family: str, df: pd.DataFrame) -> list[str]:
+    """Why a family's Triton rows are not of this checkout's kernels (empty: they are)."""
+    triton = df[df["impl"].astype(str).str.startswith("triton")]
+    if not len(triton):
+        return []
+    hashes = (sorted(set(triton["kernel_hash"].dropna().astype(str)))
+              if "kernel_hash" in triton else [])
+    here = kernel_hash(family)
+    if not hashes or triton["kernel_hash"].isna().any():
+        return [f"{family}.parquet: Triton rows without a kernel hash (measured before it was "
+                f"recorded; this checkout's is {here})"]
+    if hashes != [here]:
+        return [f"{family}.parquet: Triton rows of kernel sources {hashes}, not this checkout's "
+                f"{here} (promote from the commit that measured them, or measure again)"]
+    return []
+
+
+def lacking(run: Path) -> list[str]:
+    """What a reference would lack (said, not refused): the tail steps' and the profile's files,
+    and profile cases the profile's budget left out."""
+    out = [f"no {name}" for name in EXPECTED if not (run / name).exists()]
+    for name in ("profile.parquet", "profile_details.parquet"):
+        path = run / name
+        if path.exists():
+            df = pd.read_parquet(path)
+            if "status" in df and (df["status"] != "ok").any():
+                bad = df[df["status"] != "ok"]
+                out.append(f"{name}: {len(bad)} rows not ok ("
+                           + ", ".join(f"{n} {s}" for s, n in bad["status"].value_counts().items())
+                           + "; make reference again resumes a profile its budget cut)")
     return out
 
 
 def plan(run: Path, into: Path) -> tuple[list[Path], list[Path]]:
-    """The files to copy from RUN and the files of INTO to remove."""
+    """The files to copy from RUN and the files of INTO to remove (every data file RUN lacks)."""
     copy = sorted(p for p in run.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file())
     names = {p.name for p in copy}
-    kept = set(into.glob(KEPT_DOCUMENTS)) if into.exists() else set()
     remove = sorted(p for p in into.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file()
-                    and p.name not in names and p not in kept) if into.exists() else []
+                    and p.name not in names) if into.exists() else []
     return copy, remove
 
 
@@ -173,6 +190,8 @@ def main(argv=None) -> int:
     if why:
         print("promote: refused:\n  " + "\n  ".join(why), file=sys.stderr)
         return 1
+    for note in lacking(args.run):
+        print(f"promote: note: {note}", file=sys.stderr)
     copy, remove = plan(args.run, args.into)
     for p in remove:
         print(f"remove {p}")

@@ -1,4 +1,4 @@
-"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid book|full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
+"""`python -m triton_fusion_report.analysis.bench --out DIR [--grid book|reference|full|smoke] [--family NAME ...] [--op NAME ...]`: run the sweeps.
 
 Measures the machine's limits first (copy bandwidth, matmul peak per precision), then every
 family's grid, writing DIR/limits.parquet and DIR/<family>.parquet row by row, and prints a short
@@ -29,7 +29,9 @@ from .. import schema
 from . import summary
 from ..families import FAMILIES
 from .families import GRIDS, select_problems
+from .peers import missing
 from .run import lock, measure
+from .steps import TAIL_STEPS, done, mark_done, step_argv
 
 
 def parse(argv=None):
@@ -38,8 +40,10 @@ def parse(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="results folder to create")
     ap.add_argument("--grid", default="book", choices=GRIDS,
-                    help="book: the sizes the book shows, one trial (default); full: every size, "
-                         "block and baseline, three trials; smoke: toy shapes")
+                    help="book: the sizes the book shows, one trial (default); reference: the "
+                         "book's sizes with every baseline the book reads, three trials where "
+                         "it reads their spread (make reference); full: every size, block and "
+                         "baseline, three trials; smoke: toy shapes")
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
                     help="family to sweep (repeatable; default: all)")
     ap.add_argument("--op", action="append", metavar="NAME",
@@ -115,11 +119,13 @@ def parse(argv=None):
 def main(argv=None) -> int:
     t0 = time.perf_counter()
     args, problems = parse(argv)
+    for line in missing(problems, args.tail):  # before the start: the rows it will lack
+        print(line, flush=True)
     held = lock(args.out)
     tail = []
     try:
-        if args.tail:
-            tail = start_tail(args.out)
+        if args.tail:  # a resumed bench: the steps a cut call left undone
+            tail = start_tail(args.out, done(args.out) if args.resume else ())
         if args.workers > 1:
             from . import workers  # multiprocessing: only where several workers run
 
@@ -140,7 +146,7 @@ def main(argv=None) -> int:
             print(summary.table(schema.read(path)))
             print(f"-> {path}")
         print(f"bench: sweep {time.perf_counter() - t0:.0f} s", flush=True)
-        return run_tail(tail) if tail else 0
+        return run_tail(tail, args.out) if tail else 0
     finally:
         for _, proc in tail:  # those not run (the sweep failed): told to exit
             if proc.returncode is None:
@@ -153,10 +159,6 @@ def main(argv=None) -> int:
         os.close(held)
 
 
-# The steps after the sweep (module of analysis.bench, its arguments after --out), each in a
-# process of its own: a process that ran the sweep holds its memory and a larger heap, which
-# raised the GPT-2 check's peak memory, host time per step and compile time (measured).
-TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()))
 # A tail step's process: it imports its module (and what the module's `preload` names) at once,
 # then waits for "go" on its stdin before its main touches the GPU; anything else: it exits, 2.
 # While it waits, Ctrl-C is the bench's to handle (which then closes its stdin).
@@ -168,18 +170,19 @@ _WAITING_STEP = ("import importlib, signal, sys; signal.signal(signal.SIGINT, si
                  "sys.exit(step.main(sys.argv[2:]) if go else 2)")
 
 
-def start_tail(out: Path) -> list[tuple[str, subprocess.Popen]]:
-    """The TAIL_STEPS' processes, started before the sweep so that their imports (seconds each
-    on a machine just started) are done by the time they run; each waits for run_tail."""
+def start_tail(out: Path, skip=()) -> list[tuple[str, subprocess.Popen]]:
+    """The TAIL_STEPS' processes (but those in `skip`), started before the sweep so that their
+    imports (seconds each on a machine just started) are done by the time they run; each waits
+    for run_tail."""
     return [(step, subprocess.Popen([sys.executable, "-c", _WAITING_STEP,
-                                     f"{__package__}.{step}", "--out", str(out.joinpath(*file))],
+                                     f"{__package__}.{step}", *step_argv(out, step)],
                                     stdin=subprocess.PIPE, text=True))
-            for step, file in TAIL_STEPS]
+            for step, _ in TAIL_STEPS if step not in skip]
 
 
-def run_tail(tail: list[tuple[str, subprocess.Popen]]) -> int:
+def run_tail(tail: list[tuple[str, subprocess.Popen]], out: Path | None = None) -> int:
     """Each started step in turn, its wall time printed; a failing step does not stop the others.
-    0 if all succeeded."""
+    0 if all succeeded. Each step that succeeded is marked done in `out` (steps.done)."""
     failed = []
     for step, proc in tail:
         t0 = time.perf_counter()
@@ -191,6 +194,8 @@ def run_tail(tail: list[tuple[str, subprocess.Popen]]) -> int:
               flush=True)
         if code:
             failed.append(step)
+        elif out is not None:
+            mark_done(out, step)
     return 1 if failed else 0
 
 

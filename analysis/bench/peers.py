@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 
 import torch
 
@@ -19,6 +20,9 @@ from .sweep import Variant
 # impl -> (module, distribution, the version the references were measured with)
 PINNED = {"liger": ("liger_kernel", "liger-kernel", "0.8.5"),
           "flag_gems": ("flag_gems", "flag-gems", "5.0.2")}
+# Not a baseline: the model the GPT-2 check builds (analysis/bench/model_check.py), pinned too.
+# `make setup` installs these on a GPU machine (pyproject.toml's `peers` and `model` extras).
+MODEL = ("transformers", "transformers", "5.17.0")
 
 
 class Missing(NotImplementedError):
@@ -55,6 +59,25 @@ def label(impl: str) -> str | None:
     installed but does not import is found at its rows' first call, which record why."""
     version, text = _version(impl)
     return text if version is not None else None
+
+
+def missing(problems, tail: bool = False) -> list[str]:
+    """What a bench of `problems` (and its tail steps) will lack, said before it starts: each
+    peer library not installed, with the rows that will say `unsupported` for it, and
+    transformers for the GPT-2 check."""
+    out = []
+    for impl, (_, dist, pinned) in PINNED.items():
+        if _version(impl)[0] is not None:
+            continue
+        rows = [p.family for p in problems for v in p.variants if v.impl == impl]
+        if rows:
+            out.append(f"bench: {dist} is not installed (pip install {dist}=={pinned}; make "
+                       f"setup installs it on a GPU machine): its {len(rows)} rows ("
+                       f"{', '.join(sorted(set(rows)))}) will say unsupported")
+    if tail and importlib.util.find_spec(MODEL[0]) is None:
+        out.append(f"bench: {MODEL[1]} is not installed (pip install {MODEL[1]}=={MODEL[2]}): "
+                   "the GPT-2 check will be skipped")
+    return out
 
 
 def _need(impl: str):

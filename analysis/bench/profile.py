@@ -1,9 +1,10 @@
 """`python -m triton_fusion_report.analysis.bench.profile --out DIR`: the bytes each implementation moves
 through DRAM, read from the GPU's counters by Nsight Compute, against the traffic model.
 
-For each family, one large configuration (CASES) and every implementation the sweep times on it:
-one `ncu` process per configuration runs a worker (this module, `--worker`) that calls each
-implementation once to compile and warm up, then once more inside the profiled window, with a
+For each family, one large configuration (CASES) and the implementations the book reads there
+(DRAM_IMPLS; `--all-impls`: every one the sweep times on it): one `ncu` process per configuration
+runs a worker (this module, `--worker`) that calls each implementation to compile and warm up,
+then once more inside the profiled window, with a
 tiny marker kernel before each, so that every profiled kernel is attributed to the implementation
 whose call launched it. ncu flushes the caches before each kernel it profiles (its default cache
 control), so a kernel's bytes are those of a cold call, as in the model. Metrics:
@@ -17,13 +18,18 @@ them up per implementation.
 more, through ncu's details page (DETAIL_SECTIONS: speed of light, compute workload, launch
 statistics, occupancy, warp states), into DIR/profile_details.parquet: one row per kernel with
 its duration, SM and issue-slot throughput, registers, occupancy and shared memory, what says
-why a kernel stops short of the tensor cores' limit.
+why a kernel stops short of the tensor cores' limit; every implementation that can be the
+"fastest other" the book pairs with ours (all but DETAIL_SKIP).
+
+`--both` runs the two passes in turn. A case past CASE_TIMEOUT_S is killed and recorded as failed;
+`--budget S` bounds the whole (`make profile`: PROFILE_BUDGET, 240 s): a case the budget cuts or
+leaves no time for is recorded as `skipped`, not dropped, and `--resume` profiles only the cases
+that the files do not hold in full at this commit (what `make reference` runs again after a
+device call's end).
 """
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import shutil
@@ -31,17 +37,27 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
 
 # What the counters say against the model, per implementation: read by the book too (pandas only).
-from ..model.counters import details_summary, summary
+from ..model.counters import NOT_RIVALS, details_summary, summary
+# The ncu CSV readers (tests and notebooks use them from here too).
+from .ncu import (DETAIL_LABELS, DETAIL_METRICS, MARKER, attribute, detail_view,  # noqa: F401
+                  ncu_details, parse_ncu_csv)
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 # One case under ncu, warm-up included, at most this long (the others took 30-90 s on an H100).
 CASE_TIMEOUT_S = 240
-MARKER = "profile_marker"
+# The implementations the book reads from profile.parquet: the unfused over the fused version's
+# bytes (the across-families chapter's counter table) and eager's backward against ours (the
+# reductions chapter). Only ours and eager: no compile, no peer library's tuning under ncu.
+DRAM_IMPLS = ("torch_eager", "triton_unfused", "triton_fused")
+# Never the "fastest other" the book pairs with our fused kernel (counters.NOT_RIVALS): left out
+# of the details pass.
+DETAIL_SKIP = tuple(i for i in NOT_RIVALS if i != "triton_fused")
 # (family, op, dtype, shape columns): the configuration profiled per family, large enough that
 # every kernel's traffic dwarfs what the caches and the launch add.
 CASES = [
@@ -70,115 +86,21 @@ def find_problem(case):
     return hits[0]
 
 
-def profiled_variants(problem):
-    """The implementations at their default settings (the size sweep), one per impl."""
+def profiled_variants(problem, impls=None, skip=()):
+    """The implementations at their default settings (the size sweep), one per impl: those in
+    `impls` (None: all) but those in `skip`."""
     seen, out = set(), []
     for v in problem.variants:
-        if v.sweep == "size" and v.impl not in seen:
+        if (v.sweep == "size" and v.impl not in seen and (impls is None or v.impl in impls)
+                and v.impl not in skip):
             seen.add(v.impl)
             out.append(v)
     return out
 
 
-# --- parsing ncu's CSV ------------------------------------------------------------------------
-
-
-def parse_ncu_csv(text: str) -> pd.DataFrame:
-    """ncu --csv output (other lines, e.g. ==PROF==, skipped) as one row per kernel: id, kernel
-    name and one column per metric, in bytes; kernels in the order they were profiled."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    if start is None:
-        raise ValueError("no ncu CSV table in the text (no header line starting with \"ID\")")
-    table = [row for row in csv.DictReader(io.StringIO("\n".join(lines[start:])))
-             if row.get("ID", "").strip().isdigit()]
-    kernels: dict[int, dict] = {}
-    for row in table:
-        k = kernels.setdefault(int(row["ID"]), {"id": int(row["ID"]), "kernel": row["Kernel Name"]})
-        unit = row.get("Metric Unit", "byte").strip().lower()
-        scale = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}.get(unit)
-        if scale is None:
-            raise ValueError(f"unexpected unit {unit!r} for {row['Metric Name']}")
-        k[row["Metric Name"]] = float(row["Metric Value"].replace(",", "")) * scale
-    return pd.DataFrame(sorted(kernels.values(), key=lambda k: k["id"]))
-
-
-# ncu's details page (--section ... --page details --csv): the metrics that say what bounds a
-# kernel, under the names this module gives them.
-DETAIL_METRICS = {
-    "Duration": "duration_us",
-    "Compute (SM) Throughput": "sm_pct",
-    "Issue Slots Busy": "issue_pct",
-    "L2 Cache Throughput": "l2_pct",
-    "DRAM Throughput": "dram_pct",
-    "Registers Per Thread": "registers",
-    "Local Memory Spilling Requests": "spill_requests",
-    "Achieved Occupancy": "occupancy_pct",
-    "Dynamic Shared Memory Per Block": "smem_kb",
-    "Waves Per SM": "waves",
-    "Warp Cycles Per Issued Instruction": "cycles_per_issue",
-    "Theoretical Occupancy": "theoretical_occupancy_pct",
-}
 DETAIL_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "LaunchStats", "Occupancy",
                    "WarpStateStats")
 DETAIL_FAMILIES = ("softmax_matmul", "attention", "matmul_softmax", "linear_act")
-_DETAIL_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
-                 "s": 1e6, "second": 1e6, "byte/block": 1e-3, "kbyte/block": 1.0,
-                 "mbyte/block": 1e3}
-
-
-def ncu_details(text: str) -> pd.DataFrame:
-    """ncu's details page in CSV (`--page details --csv`, any sections) as one row per profiled
-    kernel: id, kernel name and the DETAIL_METRICS it holds (durations in us, shared memory in
-    kB; a metric of a section not collected is missing)."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    if start is None:
-        raise ValueError("no ncu CSV table in the text (no header line starting with \"ID\")")
-    kernels: dict[int, dict] = {}
-    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
-        if not row.get("ID", "").strip().isdigit():
-            continue
-        k = kernels.setdefault(int(row["ID"]), {"id": int(row["ID"]), "kernel": row["Kernel Name"]})
-        name = DETAIL_METRICS.get(row["Metric Name"])
-        if name is None or name in k:
-            continue
-        try:
-            value = float(row["Metric Value"].replace(",", ""))
-        except ValueError:  # "n/a", "no data": not measured
-            value = float("nan")
-        k[name] = value * _DETAIL_SCALE.get((row.get("Metric Unit") or "").strip().lower(), 1.0)
-    return pd.DataFrame(sorted(kernels.values(), key=lambda k: k["id"]))
-
-
-DETAIL_LABELS = {"duration_us": "µs", "sm_pct": "SM %", "issue_pct": "issue %",
-                 "l2_pct": "L2 %", "dram_pct": "DRAM %", "registers": "registers",
-                 "spill_requests": "spills", "occupancy_pct": "occupancy %", "smem_kb": "smem kB"}
-
-
-def detail_view(details: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
-    """ncu_details' rows for a table: the kernels renamed by `labels` (one per row, in order),
-    the metrics under short headings."""
-    if len(labels) != len(details):
-        raise ValueError(f"{len(labels)} labels for {len(details)} profiled kernels")
-    cols = [c for c in DETAIL_LABELS if c in details]
-    view = details[cols].rename(columns=DETAIL_LABELS)
-    view.insert(0, "kernel", labels)
-    return view
-
-
-def attribute(kernels: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Each kernel with the implementation whose call launched it: `order` names the impls in
-    the order they ran, each after one marker kernel; the markers themselves are dropped."""
-    is_marker = kernels["kernel"].str.contains(MARKER)
-    if int(is_marker.sum()) != len(order):
-        raise ValueError(f"{int(is_marker.sum())} marker kernels for {len(order)} implementations")
-    segment = is_marker.cumsum() - 1
-    if (segment < 0).any():
-        raise ValueError("kernels profiled before the first marker")
-    out = kernels[~is_marker].copy()
-    out["impl"] = [order[i] for i in segment[~is_marker]]
-    return out.reset_index(drop=True)
 
 
 # --- the worker (runs under ncu) --------------------------------------------------------------
@@ -194,7 +116,7 @@ def _marker_kernel():
     return profile_marker
 
 
-def worker(case_index: int, order_file: Path) -> None:
+def worker(case_index: int, order_file: Path, impls=None, skip=()) -> None:
     import torch
 
     problem = find_problem(CASES[case_index])
@@ -202,14 +124,19 @@ def worker(case_index: int, order_file: Path) -> None:
     inputs = problem.make_inputs(device)
     marker, flag = _marker_kernel(), torch.zeros(1, device=device)
     marker[(1,)](flag)
-    ready, failed = profiled_variants(problem), {}
+    ready, failed = profiled_variants(problem, impls, skip), {}
+    # Where a variant has its kernels callable directly (graph_fn: the LayerNorm backward's, what
+    # its device time replays), they are profiled so, on this thread: through autograd.grad the
+    # backward runs on the autograd engine's device thread, the one profiled case that did, and
+    # the case that stalled under ncu (2026-11-28).
+    call = {v.impl: v.graph_fn or v.fn for v in ready}
     # Two rounds of warm-up (compile, autotune, build what the profiled calls reuse; the second
     # round catches anything that a first call left to the next one).
     for _ in range(2):
         for v in list(ready):
             print(f"profile worker: warming {v.impl}", file=sys.stderr, flush=True)
             try:
-                v.fn(*inputs)
+                call[v.impl](*inputs)
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - recorded, not profiled
                 failed[v.impl] = f"{type(exc).__name__}: {exc}"[:500]
@@ -219,7 +146,7 @@ def worker(case_index: int, order_file: Path) -> None:
     for v in ready:
         print(f"profile worker: profiling {v.impl}", file=sys.stderr, flush=True)
         marker[(1,)](flag)
-        v.fn(*inputs)
+        call[v.impl](*inputs)
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     order_file.write_text(json.dumps(dict(
@@ -231,23 +158,26 @@ def worker(case_index: int, order_file: Path) -> None:
 # --- the driver ------------------------------------------------------------------------------
 
 
-def _ncu_run(case_index: int, ncu: str, raw: Path, ncu_args: list, tag: str):
-    """Run the worker of CASES[case_index] under ncu with ncu_args: (what the worker wrote, ncu's
-    log text), or (None, why it failed)."""
+def _ncu_run(case_index: int, ncu: str, raw: Path, ncu_args: list, tag: str,
+             timeout: float | None = None, worker_args: tuple = ()):
+    """Run the worker of CASES[case_index] under ncu with ncu_args (the worker's own options in
+    worker_args), at most `timeout` seconds (default CASE_TIMEOUT_S): (what the worker wrote,
+    ncu's log text), or (None, why it failed)."""
+    timeout = CASE_TIMEOUT_S if timeout is None else timeout
     order_file, log = raw / f"order_{tag}{case_index}.json", raw / f"ncu_{tag}{case_index}.csv"
     cmd = [ncu, "--csv", "--profile-from-start", "off", *ncu_args, "--log-file", str(log),
            sys.executable, "-m", "triton_fusion_report.analysis.bench.profile", "--worker",
-           str(case_index), "--order", str(order_file)]
+           str(case_index), "--order", str(order_file), *worker_args]
     # A session of its own, so that a case past CASE_TIMEOUT_S is killed with its worker and the
     # next case still runs (its row then says what the worker was doing).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=CASE_TIMEOUT_S)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = proc.communicate()
-        return None, f"ncu ran past {CASE_TIMEOUT_S} s, killed; " + (err or out)[-1400:]
+        return None, f"ncu ran past {timeout:.0f} s, killed; " + (err or out)[-1400:]
     except BaseException:  # Ctrl-C included: its own session does not get the terminal's
         _kill_group(proc)
         proc.wait()
@@ -271,12 +201,22 @@ def _case_base(case_index: int, meta: dict) -> dict:
                 bytes_model=problem.bytes_model)
 
 
-def profile_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]:
+def _cut(base: dict, text: str, timeout: float | None) -> list[dict]:
+    """The row of a case that produced nothing: `skipped` where the budget's shorter timeout cut
+    it, else failed (its own stall, or ncu's error)."""
+    cut = timeout is not None and timeout < CASE_TIMEOUT_S and text.startswith("ncu ran past")
+    return [dict(base, impl=None, status="skipped" if cut else "failed",
+                 error=("cut at the profile's budget: " if cut else "") + text)]
+
+
+def profile_case(case_index: int, ncu: str, raw: Path, meta: dict, timeout: float | None = None,
+                 all_impls: bool = False) -> list[dict]:
     base = _case_base(case_index, meta)
     info, text = _ncu_run(case_index, ncu, raw,
-                          ["--print-units", "base", "--metrics", ",".join(METRICS)], "")
+                          ["--print-units", "base", "--metrics", ",".join(METRICS)], "", timeout,
+                          () if all_impls else ("--impls", ",".join(DRAM_IMPLS)))
     if info is None:
-        return [dict(base, impl=None, status="failed", error=text)]
+        return _cut(base, text, timeout)
     try:
         kernels = attribute(parse_ncu_csv(text), info["order"])
     except ValueError as exc:  # no table, or kernels the markers cannot attribute
@@ -291,14 +231,16 @@ def profile_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]
     return rows
 
 
-def details_case(case_index: int, ncu: str, raw: Path, meta: dict) -> list[dict]:
+def details_case(case_index: int, ncu: str, raw: Path, meta: dict, timeout: float | None = None,
+                 all_impls: bool = False) -> list[dict]:
     """CASES[case_index] through ncu's details page: one row per kernel, the DETAIL_METRICS."""
     base = _case_base(case_index, meta)
     sections = [a for name in DETAIL_SECTIONS for a in ("--section", name)]
     info, text = _ncu_run(case_index, ncu, raw,
-                          ["--print-units", "base", *sections, "--page", "details"], "details_")
+                          ["--print-units", "base", *sections, "--page", "details"], "details_",
+                          timeout, () if all_impls else ("--skip", ",".join(DETAIL_SKIP)))
     if info is None:
-        return [dict(base, impl=None, status="failed", error=text)]
+        return _cut(base, text, timeout)
     try:
         return details_rows(base, ncu_details(text), info)
     except ValueError as exc:  # no table, or kernels the markers cannot attribute
@@ -330,6 +272,69 @@ def kept_rows(path: Path, cases: list[int]) -> list[dict]:
     return old[keep].to_dict("records")
 
 
+def _case_key(i: int) -> tuple:
+    return CASES[i][0], CASES[i][1], CASES[i][2]
+
+
+def done_cases(path: Path, cases: list[int], commit: str) -> set[int]:
+    """The cases (CASES indices) that an existing profile file holds in full at `commit`: rows of
+    that commit, at least one profiled kernel, none skipped and no case-level failure (a failed
+    implementation within a profiled case is a result, kept)."""
+    if not path.exists():
+        return set()
+    old = pd.read_parquet(path)
+    done = set()
+    for i in cases:
+        f, o, d = _case_key(i)
+        rows = old[(old["family"] == f) & (old["op"] == o) & (old["dtype"] == d)]
+        whole = rows["impl"].isna() if "impl" in rows else pd.Series(True, index=rows.index)
+        if "git_commit" not in rows or "status" not in rows:  # a file from before either
+            continue
+        if (len(rows) and (rows["git_commit"] == commit).all() and (rows["status"] == "ok").any()
+                and not (rows["status"] == "skipped").any()
+                and not ((rows["status"] == "failed") & whole).any()):
+            done.add(i)
+    return done
+
+
+def run_pass(run_case, path: Path, cases: list[int], ncu: str, raw: Path, meta: dict,
+             deadline: float | None = None, resume: bool = False, keep_others: bool = False,
+             all_impls: bool = False, ran: list | None = None) -> list[dict]:
+    """One pass (profile_case or details_case) over `cases` into `path`, written after each case.
+    resume: the cases the file already holds in full at this commit are kept, not run again;
+    keep_others (--case): the file's rows of other cases are kept. A case starts only before
+    `deadline` (time.monotonic()) and runs until it at most; the others are `skipped` rows. The
+    first case a command runs (`ran`: the cases run before, over the passes) is never skipped
+    for the budget: cut, it failed, so that a case that stalls ends as failed, not resumed by
+    every later command in turn."""
+    ran = [] if ran is None else ran
+    done = done_cases(path, cases, meta.get("git_commit")) if resume else set()
+    redo = {_case_key(i) for i in cases if i not in done}
+    rows = [r for r in kept_rows(path, []) if (r["family"], r["op"], r["dtype"]) not in redo] \
+        if (resume or keep_others) else []
+    for i in cases:
+        if i in done:
+            print(f"{CASES[i][0]} {CASES[i][1]}: in {path.name} already", flush=True)
+            continue
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            rows.append(dict(_case_base(i, meta), impl=None, status="skipped",
+                             error="the profile's budget was spent before this case (the same "
+                                   "command with --resume profiles it)"))
+        else:
+            new = run_case(i, ncu, raw, meta, timeout=None if left is None
+                           else min(CASE_TIMEOUT_S, left), all_impls=all_impls)
+            if not ran:
+                new = [dict(r, status="failed") if r["status"] == "skipped" else r for r in new]
+            ran.append(i)
+            rows += new
+        print(f"{CASES[i][0]} {CASES[i][1]}: {rows[-1]['status']}, "
+              f"{sum(r['status'] == 'ok' for r in rows)} kernels so far", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(path, index=False)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m triton_fusion_report.analysis.bench.profile",
                                  description=__doc__,
@@ -343,11 +348,25 @@ def main(argv=None) -> int:
     ap.add_argument("--details", action="store_true",
                     help="the matmul families' cases through ncu's details page, into "
                          "profile_details.parquet (instead of the DRAM bytes)")
+    ap.add_argument("--both", action="store_true",
+                    help="the DRAM bytes, then the details page, under one --budget")
+    ap.add_argument("--budget", type=float, metavar="S",
+                    help="seconds for the whole (default: none): a case is cut at its end, the "
+                         "cases after it recorded as skipped")
+    ap.add_argument("--resume", action="store_true",
+                    help="profile only the cases the output files do not hold in full at this "
+                         "commit (failed, skipped or missing ones)")
+    ap.add_argument("--all-impls", action="store_true",
+                    help="every implementation the sweep times on a case, not only those the "
+                         "book reads")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--order", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--impls", help=argparse.SUPPRESS)
+    ap.add_argument("--skip", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
-        worker(args.worker, args.order)
+        worker(args.worker, args.order, args.impls.split(",") if args.impls else None,
+               tuple(args.skip.split(",")) if args.skip else ())
         return 0
     if args.out is None:
         ap.error("--out is required")
@@ -359,27 +378,27 @@ def main(argv=None) -> int:
 
     from . import machine
 
+    t0 = time.monotonic()
+    deadline = None if args.budget is None else t0 + args.budget
     meta = machine.run_metadata(torch.device("cuda"))
     meta = {k: meta[k] for k in ("run_id", "started_at", "git_commit", "gpu", "torch", "triton")}
     raw = args.raw or Path(tempfile.mkdtemp(prefix="ncu_"))
     raw.mkdir(parents=True, exist_ok=True)
-    cases = args.case or [i for i, c in enumerate(CASES)
-                          if not args.details or c[0] in DETAIL_FAMILIES]
-    run_case, name = ((details_case, "profile_details.parquet") if args.details
-                      else (profile_case, "profile.parquet"))
-    rows = kept_rows(args.out / name, cases) if args.case else []
-    for i in cases:
-        rows += run_case(i, ncu, raw, meta)
-        print(f"{CASES[i][0]} {CASES[i][1]}: {sum(r['status'] == 'ok' for r in rows)} kernels "
-              "so far", flush=True)
-        args.out.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_parquet(args.out / name, index=False)
+    passes = ([(profile_case, "profile.parquet", False)] if not args.details or args.both else []) \
+        + ([(details_case, "profile_details.parquet", True)] if args.details or args.both else [])
+    ran = []
+    for run_case, name, details in passes:
+        cases = args.case or [i for i, c in enumerate(CASES)
+                              if not details or c[0] in DETAIL_FAMILIES]
+        rows = run_pass(run_case, args.out / name, cases, ncu, raw, meta, deadline, args.resume,
+                        keep_others=bool(args.case), all_impls=args.all_impls, ran=ran)
+        with pd.option_context("display.width", 200):
+            table = pd.DataFrame(rows)
+            print(details_summary(table).round(1).to_string() if details
+                  else summary(table).round(3).to_string())
     if args.raw is None:
         shutil.rmtree(raw, ignore_errors=True)
-    with pd.option_context("display.width", 200):
-        table = pd.DataFrame(rows)
-        print(details_summary(table).round(1).to_string() if args.details
-              else summary(table).round(3).to_string())
+    print(f"profile: {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
 

@@ -70,6 +70,9 @@ class Problem:
     # where a variant can be captured neither as fn nor as a graph_fn: a capture that fails
     # (autograd, host syncs) can leave the CUDA RNG in capture state and break what follows.
     graph: bool = True
+    # Trials of this problem where its grid gives it more than the grid's own count (None: the
+    # grid's; the reference grid times three where the book reads the trials' spread).
+    trials: int | None = None
 
 
 # torch.compile's strongest setting for a kernel's own speed: Triton templates autotuned for every
@@ -290,7 +293,8 @@ def remaining(problems, out_dir: Path, run_id) -> list:
 def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: list[dict],
         progress: bool = True, trials: int = TRIALS, on_row=None,
         keep_existing: bool = False, timing: dict | None = None) -> dict[str, Path]:
-    """Every problem in turn: its variants checked against float64, then timed in `trials` rounds,
+    """Every problem in turn: its variants checked against float64, then timed in `trials` rounds
+    (the problem's own `trials` where it has one),
     each round on fresh random inputs, every variant once per round (the order rotated), so that
     a slow drift of the GPU (clocks, temperature) spreads over all of them rather than falling on
     one. A variant's row is written once its trials are done; failures at once. `problems` may be
@@ -317,7 +321,7 @@ def run(problems, out_dir: Path, device: torch.device, meta: dict, limit_rows: l
                 keep_existing=keep_existing)
         if bar is not None:
             bar.set_description(f"{problem.op} {problem.shape}"[:60])
-        for row in _run_problem(problem, device, limits, trials, timing):
+        for row in _run_problem(problem, device, limits, problem.trials or trials, timing):
             if row["impl"].startswith("triton"):
                 if problem.family not in hashes:
                     hashes[problem.family] = kernel_hash(problem.family)

@@ -33,27 +33,39 @@ def constants(module: str, *names: str) -> dict:
     return {n: found[n] for n in names}
 
 
-def timing_say(n_trials: list[int] | None = None) -> dict:
-    """The timing protocol's sentences; `n_trials`: the trial counts the data's rows have (the
-    full grid times three trials, the book grid one)."""
+def timing_say(n_trials: dict | None = None) -> dict:
+    """The timing protocol's sentences; `n_trials`: rows of the data per trial count (the full
+    grid times three trials, the book grid one, the reference grid three where the book reads
+    the spread and one elsewhere)."""
     t = constants("timing", "WARMUP_MS", "REP_MS", "MIN_REPS", "SETTLED", "CONFIDENCE",
                   "FLUSH_BYTES", "DEVICE_REPS")
     trials = constants("sweep", "TRIALS", "MAX_AUTOTUNE")
     pinned = constants("peers", "PINNED")["PINNED"]
     flush = f"{t['FLUSH_BYTES'] / 2**20:.0f} MiB"
+    counts = dict(n_trials or {})
+    most = max(counts or [trials["TRIALS"]])
+    several = ("trials on fresh random inputs, the implementations taking turns trial by trial so "
+               "that a drift of clocks or temperature falls on all alike; a row keeps the median "
+               "of its trial medians, and the lowest and highest trial median (the band around "
+               "a line in the figures).")
+    if most == 1:
+        how = ("Every configuration is timed once (the default grid; the reference grid times "
+               f"{trials['TRIALS']} trials where the book reads their spread, the full one "
+               "everywhere).")
+    elif min(counts or [most]) == 1:
+        more = sum(n for k, n in counts.items() if k > 1)
+        how = (f"{more} of the {sum(counts.values())} rows, those whose spread the book reads "
+               "(each family's headline case, where a few percent is called a tie, and every "
+               f"linear + activation shape), are timed in {most} " + several
+               + " The others are timed once.")
+    else:
+        how = f"Every configuration is timed in {most} " + several
     return {
         "timing": (f"Each trial runs {t['WARMUP_MS']} ms of warm-up calls, then timed calls, each "
                    f"after a write of {flush} that flushes the L2 cache and timed with CUDA "
                    f"events, until the {100 * t['CONFIDENCE']:.0f}% interval of the median lies "
                    f"within ±{100 * t['SETTLED']:g}% of it (at least {t['MIN_REPS']} calls, "
-                   f"at most {t['REP_MS']} ms of them). " + (
-                       "Every configuration is timed once (the default grid; the full one times "
-                       f"{trials['TRIALS']} trials)." if n_trials and max(n_trials) == 1 else
-                       f"Every configuration is timed in {max(n_trials or [trials['TRIALS']])} "
-                       "trials on fresh random inputs, the implementations taking turns trial "
-                       "by trial so that a drift of clocks or temperature falls on all alike; a "
-                       "row keeps the median of its trial medians, and the lowest and highest "
-                       "trial median (the band around a line in the figures).")),
+                   f"at most {t['REP_MS']} ms of them). " + how),
         "device": (f"The device time replays {t['DEVICE_REPS'][0]} to {t['DEVICE_REPS'][1]} calls "
                    f"captured in a CUDA graph, each after the same {flush} write and between two "
                    "events recorded inside the graph, and keeps the median per call."),
@@ -89,7 +101,7 @@ def limits_table(paths: list) -> pd.DataFrame:
 def compute(folders: list) -> dict:
     first = folders_of(folders[:1])[0]
     rows = first.rows
-    say = timing_say(sorted({int(n) for n in rows["n_trials"].dropna()})
+    say = timing_say(rows["n_trials"].dropna().astype(int).value_counts().to_dict()
                      if len(rows) and "n_trials" in rows else None)
     limits = limits_table(folders)
     by_run = limits_by_run(first.limits)

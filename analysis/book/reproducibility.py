@@ -257,6 +257,25 @@ def stale_note(f: Folder) -> str:
             "`make bench` measures this checkout's.\n:::")
 
 
+def peers_note(f: Folder) -> str:
+    """A note where a peer library's rows say `unsupported` because it was not installed on the
+    machine that measured them (empty otherwise): the comparisons with it are missing."""
+    if not len(f.rows) or "error" not in f.rows:
+        return ""
+    absent = f.rows[f.rows["impl"].isin(PEERS) & (f.rows["status"] == "unsupported")
+                    & f.rows["error"].astype(str).str.contains("is not installed", regex=False)]
+    if not len(absent):
+        return ""
+    counts = absent["impl"].value_counts()
+    names = [f"{D.IMPL_LABEL.get(i, i)} ({n} configurations)" for i, n in counts.items()]
+    return (f"::: {{.callout-note}}\n## The {f.label} data lack a peer library\n"
+            + " and ".join(names) + (" was" if len(names) == 1 else " were")
+            + " not installed where these data were measured: those rows say `unsupported`, and "
+            "the chapters compare ours without " + ("it" if len(names) == 1 else "them")
+            + ". On a GPU machine `make setup` installs the pinned versions (pyproject.toml's "
+            "`peers` extra).\n:::")
+
+
 def _span_text(values: pd.Series, fmt: str = ".0f") -> str:
     return D.range_text(values.min(), values.max(), fmt)
 
@@ -427,7 +446,7 @@ def compute(folders: list) -> dict:
     fs = folders_of(folders)
     first = fs[0]
     cost = bench_cost(first.rows)
-    notes = [n for f in fs for n in (mixture_note(f), stale_note(f)) if n]
+    notes = [n for f in fs for n in (mixture_note(f), stale_note(f), peers_note(f)) if n]
     sources = "; ".join(f"the {f.label} data from `{_where(f.path)}`" for f in fs)
     kernels = [set(_values(f.rows, "kernel_hash")) for f in fs]
     same = ("" if len(fs) < 2 else " Every folder's Triton rows ran the same kernel sources."

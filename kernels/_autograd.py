@@ -55,8 +55,6 @@ DIRECT, FUNCTION, OP, AUTOCAST = 0, 1, 2, 3
 # Autocast policies (see the module's docstring) and the devices whose autocast they apply to.
 LOWER, FLOAT32, PROMOTE = "lower", "float32", "promote"
 _AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
-# The ops' kernels on the Autocast keys (a library kept for the life of the process).
-_AUTOCAST_LIB = torch.library.Library(NS, "IMPL")
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
@@ -150,13 +148,15 @@ def _device_type(args):
 
 def _register_autocast(name, op, policies) -> None:
     """The registered op's kernels on the Autocast keys: the cast, then the op with autocast off
-    (torch.library.register_autocast's kernel, with the policy's dtype taken at the call)."""
+    (torch.library.register_autocast's kernel, with the policy's dtype taken at the call). In the
+    op's own library, as register_autocast's: an op declared again (the package imported under a
+    second name) replaces them with itself."""
     for device_type, (policy, out_dtype) in policies.items():
         def kernel(_keyset, *args, device_type=device_type, policy=policy, out_dtype=out_dtype):
             with _autocast_off(device_type):
                 out = op(*_autocast_cast(args, device_type, policy))
             return out if out_dtype is None else out.to(out_dtype)
-        _AUTOCAST_LIB.impl(name, kernel, _AUTOCAST_KEYS[device_type], with_keyset=True)
+        op._lib.impl(name, kernel, _AUTOCAST_KEYS[device_type], with_keyset=True)
 
 
 def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_fake=None,

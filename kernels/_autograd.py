@@ -58,19 +58,15 @@ _AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-def _path(args) -> int:
+def _path(args, autocast: bool = True) -> int:
     """DIRECT: the implementation may be called without the dispatcher (eager, nothing to
     differentiate, plain tensors); FUNCTION: eager autograd on plain tensors; OP: the registered
-    op (compiling, tracing, a tensor subclass); AUTOCAST: eager in an autocast region (the cast,
-    then one of the others: `_eager_path`)."""
+    op (compiling, tracing, a tensor subclass); AUTOCAST: eager with autocast on (the cast, then
+    one of the others: `_path(args, autocast=False)`)."""
     if torch.compiler.is_compiling():
         return OP
-    if _any_autocast():
+    if autocast and _any_autocast():
         return AUTOCAST
-    return _eager_path(args)
-
-
-def _eager_path(args) -> int:
     if _fwad._current_level >= 0:
         _refuse_tangents(args)
     grad = torch.is_grad_enabled()
@@ -229,11 +225,11 @@ def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_
     def autocast_call(args):
         device_type = _device_type(args)
         if device_type not in policies or not torch.is_autocast_enabled(device_type):
-            return dispatch(args, _eager_path(args))
+            return dispatch(args, _path(args, False))
         policy, out_dtype = policies[device_type]
         args = _autocast_cast(args, device_type, policy)
         with _autocast_off(device_type):
-            out = dispatch(args, _eager_path(args))
+            out = dispatch(args, _path(args, False))
         return out if out_dtype is None else out.to(out_dtype)
     call.__name__ = call.__qualname__ = name
     call.op, call.backward_op, call.function = op, bwd_op, fn

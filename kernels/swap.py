@@ -31,10 +31,10 @@ from .families.attention import attention
 from .families.linear_act import linear_act
 from .modules import LayerNorm, LinearAct, LinearCrossEntropy
 
-OPS = ("layer_norm", "mlp", "attention", "head")
+SWAPPABLE = ("layer_norm", "mlp", "attention", "head")
 ATTENTION_NAME = "triton_fusion"  # the attention implementation's name in transformers
 
-__all__ = ["ATTENTION_NAME", "OPS", "SwapReport", "attention_forward", "register_attention",
+__all__ = ["ATTENTION_NAME", "SWAPPABLE", "SwapReport", "attention_forward", "register_attention",
            "swap_in"]
 
 
@@ -55,12 +55,12 @@ class SwapReport:
         return "\n".join(lines)
 
 
-def swap_in(model: nn.Module, ops=OPS) -> SwapReport:
+def swap_in(model: nn.Module, ops=SWAPPABLE) -> SwapReport:
     """Put the project's ops into model (in place) where they compute what its modules do; see
-    the module's docstring. ops: a subset of OPS. Returns the SwapReport."""
-    unknown = set(ops) - set(OPS)
+    the module's docstring. ops: a subset of SWAPPABLE. Returns the SwapReport."""
+    unknown = set(ops) - set(SWAPPABLE)
     if unknown:
-        raise ValueError(f"ops must be among {OPS}, got {sorted(unknown)}")
+        raise ValueError(f"ops must be among {SWAPPABLE}, got {sorted(unknown)}")
     report = SwapReport()
     if "layer_norm" in ops:
         _swap_layer_norms(model, report)

@@ -246,15 +246,17 @@ def _swap_head(model, report) -> None:
         return
     if type(model.lm_head) is nn.Linear:
         model.lm_head = LinearCrossEntropy.from_linear(model.lm_head)
+    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions as output
+
     names = [n for n, p in inspect.signature(type(model).forward).parameters.items()
              if p.kind is p.POSITIONAL_OR_KEYWORD][1:]
     # On the instance (as Liger-Kernel binds its fused forward): this model only.
-    model.forward = functools.partial(_lm_forward_with_fused_loss, model, names)
+    model.forward = functools.partial(_lm_forward_with_fused_loss, model, names, output)
     report.swapped.append(("lm_head", "LinearCrossEntropy (with labels: the loss without the "
                                       "logits)"))
 
 
-def _lm_forward_with_fused_loss(model, names, *args, **kwargs):
+def _lm_forward_with_fused_loss(model, names, output, *args, **kwargs):
     """GPT2LMHeadModel.forward, but with labels: the base model's hidden states to the fused
     loss, as transformers' ForCausalLMLoss computes it (labels shifted left, ignore_index -100 or
     the one given; the mean over the targets kept, or the sum over num_items_in_batch)."""
@@ -280,9 +282,7 @@ def _lm_forward_with_fused_loss(model, names, *args, **kwargs):
     else:
         loss = head(hidden, target, reduction="sum")
         loss = loss / (count.to(loss.device) if torch.is_tensor(count) else count)
-    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
-
-    result = CausalLMOutputWithCrossAttentions(
+    result = output(
         loss=loss, logits=None, past_key_values=out.past_key_values,
         hidden_states=out.hidden_states, attentions=out.attentions,
         cross_attentions=out.cross_attentions)

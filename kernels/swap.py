@@ -224,7 +224,8 @@ def _swap_attention(model, report) -> None:
         report.left.append(("", f"attention: transformers refused it ({exc})"))
         return
     what = f"attention ({type(model).__name__}'s, attn_implementation={ATTENTION_NAME!r})"
-    p = max(float(getattr(model.config, k, 0.0) or 0.0) for k in ("attn_pdrop", "attention_dropout"))
+    p = max(float(getattr(model.config, k, 0.0) or 0.0)
+            for k in ("attn_pdrop", "attention_dropout"))
     if p > 0:
         what += f"; its dropout p={p} makes a training step raise (set it to 0, or eval())"
     report.swapped.append(("", what))

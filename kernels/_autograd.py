@@ -19,9 +19,20 @@ declaration it makes every path a call can take, so that they cannot drift apart
 
 Backward ops have no second derivative: differentiating through one raises. Forward-mode AD
 (dual tensors) raises too.
+
+Autocast (`torch.autocast`, CUDA and CPU): each op declares how autocast casts its floating
+inputs, as PyTorch's op lists do for the ops it stands beside (`LOWER`: to autocast's dtype, as
+F.linear and SDPA; `FLOAT32`: to float32, as CUDA's layer_norm and softmax; `PROMOTE`: to the
+widest of them, as elementwise ops; None: as they are), and the builder applies it on every path:
+a kernel on the op's Autocast dispatch keys for the registered op (torch.compile traces it), the
+same cast before the direct path and the Function, which bypass the dispatcher. The cast is an
+ordinary differentiable `.to`: gradients reach float32 parameters in float32. The implementation
+then runs with autocast off, as a registered custom op's does. `torch.library.register_autocast`
+is not used: it casts to one dtype fixed at registration, where F.linear follows the region's.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -39,15 +50,23 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 # The paths a call takes (`_path`).
-DIRECT, FUNCTION, OP = 0, 1, 2
+DIRECT, FUNCTION, OP, AUTOCAST = 0, 1, 2, 3
+
+# Autocast policies (see the module's docstring) and the devices whose autocast they apply to.
+LOWER, FLOAT32, PROMOTE = "lower", "float32", "promote"
+_AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
-def _path(args) -> int:
+def _path(args, autocast: bool = True) -> int:
     """DIRECT: the implementation may be called without the dispatcher (eager, nothing to
     differentiate, plain tensors); FUNCTION: eager autograd on plain tensors; OP: the registered
-    op (compiling, tracing, a tensor subclass)."""
+    op (compiling, tracing, a tensor subclass); AUTOCAST: eager with autocast on (the cast, then
+    one of the others: `_path(args, autocast=False)`)."""
     if torch.compiler.is_compiling():
         return OP
+    if autocast and _any_autocast():
+        return AUTOCAST
     if _fwad._current_level >= 0:
         _refuse_tangents(args)
     grad = torch.is_grad_enabled()
@@ -84,9 +103,61 @@ def _empty_like_rows(x):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _autocast_policies(autocast, autocast_output) -> dict:
+    """{device type: (policy, output dtype or None)} for every device autocast is applied on."""
+    policies = autocast if isinstance(autocast, dict) else dict.fromkeys(_AUTOCAST_KEYS, autocast)
+    assert set(policies) == set(_AUTOCAST_KEYS), policies
+    assert all(p in (None, LOWER, FLOAT32, PROMOTE) for p in policies.values()), policies
+    out = autocast_output or {}
+    return {dev: (policies[dev], out.get(dev)) for dev in _AUTOCAST_KEYS}
+
+
+def _autocast_cast(args, device_type: str, policy):
+    """args with their floating tensors on device_type cast as `policy` says; float64 is left,
+    as autocast leaves it."""
+    if policy is None:
+        return args
+    eligible = [isinstance(a, torch.Tensor) and a.is_floating_point()
+                and a.device.type == device_type and a.dtype != torch.float64 for a in args]
+    if policy == LOWER:
+        dtype = torch.get_autocast_dtype(device_type)
+    elif policy == FLOAT32:
+        dtype = torch.float32
+    else:
+        dtypes = [a.dtype for a, e in zip(args, eligible) if e]
+        if not dtypes:
+            return args
+        dtype = functools.reduce(torch.promote_types, dtypes)
+    return tuple(a.to(dtype) if e and a.dtype != dtype else a for a, e in zip(args, eligible))
+
+
+def _autocast_off(device_type: str):
+    """Autocast off for device_type in this block, as the dispatcher turns it off below an
+    Autocast kernel (the implementation's own PyTorch ops are not cast)."""
+    key = getattr(torch._C.DispatchKey, _AUTOCAST_KEYS[device_type])
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key))
+
+
+def _device_type(args):
+    return next(a.device.type for a in args if isinstance(a, torch.Tensor))
+
+
+def _register_autocast(name, op, policies) -> None:
+    """The registered op's kernels on the Autocast keys: the cast, then the op with autocast off
+    (torch.library.register_autocast's kernel, with the policy's dtype taken at the call). In the
+    op's own library, as register_autocast's: an op declared again (the package imported under a
+    second name) replaces them with itself."""
+    for device_type, (policy, out_dtype) in policies.items():
+        def kernel(_keyset, *args, device_type=device_type, policy=policy, out_dtype=out_dtype):
+            with _autocast_off(device_type):
+                out = op(*_autocast_cast(args, device_type, policy))
+            return out if out_dtype is None else out.to(out_dtype)
+        op._lib.impl(name, kernel, _AUTOCAST_KEYS[device_type], with_keyset=True)
+
+
 def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_fake=None,
             eager_backward=None, direct=None, prepare=None, function=False,
-            forward_with_options=None):
+            forward_with_options=None, autocast=None, autocast_output=None):
     """Register the op `triton_fusion::<name>` and make its paths: returns the call that picks
     among them, taking the op's arguments in its schema's order, with the registered ops and the
     Function as its attributes `op`, `backward_op` and `function` (None where there is none).
@@ -105,6 +176,9 @@ def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_
     - function: make the autograd.Function (an op with a backward op). forward_with_options: its
       forward where it is applied to more arguments than the schema's (a family's tuning
       options); eager_backward then gets them too.
+    - autocast: the op's autocast policy (LOWER, FLOAT32, PROMOTE or None), or a dict of one per
+      device type ("cuda", "cpu"); autocast_output: {device type: dtype} the output is cast to in
+      an autocast region there (an op standing for PyTorch ops whose last gives that dtype).
     """
     assert not function or backward_op is not None, "the Function's backward is the backward op"
     op = torch.library.custom_op(f"{NS}::{name}", forward, mutates_args=())
@@ -121,6 +195,9 @@ def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_
         def formula(ctx, *grads):
             return backward(ctx, bwd_op, *grads)
     op.register_autograd(formula or backward, setup_context=setup)
+    policies = _autocast_policies(autocast, autocast_output)
+    assert not first or not autocast_output, "the output cast is for single-output ops"
+    _register_autocast(name, op, policies)
     fn = None
     if function:
         fn = _function(name, forward, forward_with_options, setup, backward, bwd_op,
@@ -128,9 +205,14 @@ def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_
     if direct is None:
         direct = (lambda *a: forward(*a)[0]) if first else forward
 
-    # A function, not an object's __call__: this runs on every call's host path.
+    # Functions, not an object's __call__: this runs on every call's host path.
     def call(*args):
         path = _path(args)
+        if path == AUTOCAST:
+            return autocast_call(args)
+        return dispatch(args, path)
+
+    def dispatch(args, path):
         if path == DIRECT:
             return direct(*args)
         if prepare is not None:
@@ -139,6 +221,16 @@ def declare(name, forward, fake, *, setup, backward, backward_op=None, backward_
             return fn.apply(*args)
         out = op(*args)
         return out[0] if first else out
+
+    def autocast_call(args):
+        device_type = _device_type(args)
+        if device_type not in policies or not torch.is_autocast_enabled(device_type):
+            return dispatch(args, _path(args, False))
+        policy, out_dtype = policies[device_type]
+        args = _autocast_cast(args, device_type, policy)
+        with _autocast_off(device_type):
+            out = dispatch(args, _path(args, False))
+        return out if out_dtype is None else out.to(out_dtype)
     call.__name__ = call.__qualname__ = name
     call.op, call.backward_op, call.function = op, bwd_op, fn
     return call

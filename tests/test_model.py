@@ -103,38 +103,40 @@ def test_tiny_transformer_training_steps(device):
         assert abs(b - a) <= 0.01 * abs(a), losses
 
 
-def test_model_check_attention_refuses_padding_masks(device):
-    """The transformers adapter takes the causal mask (bool or additive) and refuses others."""
-    from triton_fusion_report.analysis.bench import model_check as mc
+def test_swapped_attention_refuses_padding_masks_and_dropout(device):
+    """The transformers adapter (kernels.swap) takes the causal mask (bool or additive) and
+    refuses others, and dropout."""
+    from triton_fusion_report.kernels import swap
 
     q = torch.randn(1, 2, 5, 16, device=device, dtype=torch.float16)
     causal = torch.ones(5, 5, dtype=torch.bool, device=device).tril()[None, None]
     module = type("M", (), {"is_causal": True})()
-    out, weights = mc.attention_forward(module, q, q, q, causal)
+    out, weights = swap.attention_forward(module, q, q, q, causal)
     assert out.shape == (1, 5, 2, 16) and weights is None
     additive = torch.zeros(1, 1, 5, 5, device=device).masked_fill(~causal, float("-inf"))
-    assert torch.equal(mc.attention_forward(module, q, q, q, additive)[0], out)
+    assert torch.equal(swap.attention_forward(module, q, q, q, additive)[0], out)
+    assert torch.equal(swap.attention_forward(module, q, q, q, None)[0], out)
     padded = causal.clone()
     padded[..., 0] = False
     with pytest.raises(NotImplementedError, match="causal mask"):
-        mc.attention_forward(module, q, q, q, padded)
+        swap.attention_forward(module, q, q, q, padded)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        swap.attention_forward(module, q, q, q, None, dropout=0.1)
 
 
 def test_a_padded_batch_is_refused_not_silently_unmasked(device):
-    """GPT-2 with the project's attention (transformers' interface, as the model check swaps it
+    """GPT-2 with the project's attention (transformers' interface, as kernels.swap_in puts it
     in): a batch without padding runs (no mask is made); a padded one raises, where transformers
     would otherwise hand a custom implementation no mask and the padding would be ignored."""
-    transformers = pytest.importorskip("transformers", reason="the model check's adapter needs "
-                                                              "transformers")
-    from triton_fusion_report.analysis.bench import model_check as mc
-
-    mc.register_attention()
+    transformers = pytest.importorskip("transformers", reason="the swap's attention adapter "
+                                                              "needs transformers")
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
                                      n_positions=16, bos_token_id=0, eos_token_id=0,
-                                     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_implementation=mc.IMPL_NAME)
+                                     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
     with torch.device(device):
         model = transformers.GPT2LMHeadModel(config).to(torch.float16)
+    report = kernels.swap_in(model, ops=["attention"])
+    assert report.count("attention") == 1 and not report.left
     ids = torch.randint(0, 64, (2, 16), device=device)
     assert model(ids).logits.shape == (2, 16, 64)
     padded = torch.ones(2, 16, dtype=torch.long, device=device)

@@ -1,9 +1,10 @@
 """`python -m triton_fusion_report.analysis.bench.model_check --out DIR`: GPT-2 small (Hugging Face
 `transformers`, random weights) trained with the project's ops, on the GPU.
 
-The project's ops swapped in: every LayerNorm, the attention, the MLP's first linear + GELU
-(`linear_act`) and the LM head with its loss (`linear_cross_entropy`, which never holds the
-logits). Batch 8 x 1024 tokens, bf16 autocast, forward + backward.
+The project's ops swapped in by the public swap (`kernels.swap_in`): every LayerNorm, the
+attention, the MLP's first linear + GELU (`linear_act`) and the LM head with its loss
+(`linear_cross_entropy`, which never holds the logits); under autocast they cast as PyTorch's ops
+do. Batch 8 x 1024 tokens, bf16 autocast, forward + backward.
 
 1. Forward and backward of one batch, the project's ops against PyTorch's, both against float32
    (PyTorch's ops, no autocast): the loss and every gradient as close to float32 as PyTorch's own
@@ -35,7 +36,6 @@ from pathlib import Path
 
 import torch
 
-IMPL_NAME = "triton_fusion"
 CONFIG = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
               attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
 ALL_OPS = frozenset({"layer_norm", "attention", "mlp", "head"})
@@ -55,123 +55,37 @@ DISTANCE = 1.5  # the project's bf16 loss may stray this many times as far from 
 
 # --------------------------------------------------------------------------- the swap
 
-def _is_causal_mask(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
-    """A (..., n_q, n_k) mask that keeps exactly the bottom-right causal triangle (bool: True
-    keeps; float: 0 keeps), the same for every batch and head."""
-    keep = mask if mask.dtype == torch.bool else mask == 0
-    want = torch.ones(n_q, n_k, dtype=torch.bool, device=mask.device).tril(n_k - n_q)
-    return bool((keep == want).all())
-
-
-def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                      **kwargs):
-    """transformers' attention interface: q, k, v (batch, heads, seq, head_dim) -> output
-    (batch, seq, heads, head_dim) and no weights. Causal only (a padding mask is refused)."""
-    from ... import kernels
-
-    if dropout:
-        raise NotImplementedError("attention dropout is not supported by the Triton kernel")
-    causal = bool(getattr(module, "is_causal", True))
-    if attention_mask is not None:
-        if not causal or not _is_causal_mask(attention_mask, query.shape[2], key.shape[2]):
-            raise NotImplementedError("only a causal mask is supported (no padding)")
-    out = kernels.attention(query, key, value, causal=causal, sm_scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def register_attention() -> None:
-    """Make `attention_forward` transformers' attention implementation IMPL_NAME, with SDPA's
-    masks: none for a causal batch without padding (no mask to build or check), a 4-D one with
-    padding, which `attention_forward` refuses. (transformers gives an implementation with no mask
-    function of its own no mask at all: padding would be dropped silently.)"""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(IMPL_NAME, attention_forward)
-    AttentionMaskInterface.register(IMPL_NAME, sdpa_mask)
-
-
-class TritonLayerNorm(torch.nn.Module):
-    """nn.LayerNorm's parameters, the project's kernels."""
-
-    def __init__(self, ln: torch.nn.LayerNorm):
-        super().__init__()
-        self.weight, self.bias, self.eps = ln.weight, ln.bias, ln.eps
-
-    def forward(self, x):
-        from ... import kernels
-
-        return kernels.layer_norm(x, self.weight, self.bias, self.eps)
-
-
-def swap_layer_norms(model: torch.nn.Module) -> int:
-    """Replace every nn.LayerNorm of model in place; returns how many."""
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.LayerNorm):
-                setattr(parent, name, TritonLayerNorm(child))
-                swapped += 1
-    return swapped
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype autocast would run a matmul in here (x's own outside autocast): custom ops are
-    not autocast, so the adapters cast as autocast would."""
-    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-
-
-class TritonMLP(torch.nn.Module):
-    """GPT-2's MLP (Conv1D c_fc, gelu_new, Conv1D c_proj) with c_fc + GELU as one linear_act.
-    Conv1D stores its weight (in, out): linear_act's own layout."""
-
-    def __init__(self, mlp: torch.nn.Module):
-        super().__init__()
-        self.c_fc, self.c_proj, self.dropout = mlp.c_fc, mlp.c_proj, mlp.dropout
-
-    def forward(self, x):
-        from ... import kernels
-
-        dt = _compute_dtype(x)
-        h = kernels.linear_act(x.reshape(-1, x.shape[-1]).to(dt), self.c_fc.weight.to(dt),
-                               self.c_fc.bias.to(dt), "gelu_tanh")
-        return self.dropout(self.c_proj(h.view(*x.shape[:-1], -1)))
-
 
 def loss_of(model, ids: torch.Tensor) -> torch.Tensor:
-    """The language-modelling loss of ids (next-token targets, as `model(ids, labels=ids)`): with
-    the fused head (model.fused_head) the final hidden states go to linear_cross_entropy, the
-    logits never made; otherwise through the model's own LM head and loss."""
-    if not getattr(model, "fused_head", False):
-        return model(ids, labels=ids).loss
-    from ... import kernels
-
-    h = model.transformer(ids).last_hidden_state
-    x = h.reshape(-1, h.shape[-1])
-    target = torch.cat([ids[:, 1:], ids.new_full((ids.shape[0], 1), -100)], 1).reshape(-1)
-    dt = _compute_dtype(x)
-    return kernels.linear_cross_entropy(x.to(dt), model.lm_head.weight.to(dt), target)
+    """The language-modelling loss of ids (next-token targets): with the LM head swapped in
+    (`kernels.swap_in`, "head") the final hidden states go to linear_cross_entropy, the logits
+    never made; otherwise through the model's own LM head and loss."""
+    return model(ids, labels=ids).loss
 
 
 def build(device, ops=frozenset(), attention="sdpa", seed: int = 0):
     """GPT-2 small with random weights (the same for every call, from seed), PyTorch's
-    `attention` ("sdpa" or "eager"), with the project's `ops` (a subset of ALL_OPS) swapped in."""
+    `attention` ("sdpa" or "eager"), with the project's `ops` (a subset of ALL_OPS) swapped in
+    by the public swap, `kernels.swap_in`: each a swap of every module of its kind."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    register_attention()
-    attn = IMPL_NAME if "attention" in ops else attention
+    from ... import kernels
+
     torch.manual_seed(seed)
     with torch.device(device):  # initialised where it runs: ten times faster than on the host
-        model = GPT2LMHeadModel(GPT2Config(**CONFIG, attn_implementation=attn))
-    if model.config._attn_implementation != attn:
-        model.set_attn_implementation(attn)
-    assert model.config._attn_implementation == attn
-    if "layer_norm" in ops:
-        assert swap_layer_norms(model) == 2 * CONFIG["n_layer"] + 1
-    if "mlp" in ops:
-        for block in model.transformer.h:
-            block.mlp = TritonMLP(block.mlp)
-    model.fused_head = "head" in ops
+        model = GPT2LMHeadModel(GPT2Config(**CONFIG, attn_implementation=attention))
+    if model.config._attn_implementation != attention:
+        model.set_attn_implementation(attention)
+    assert model.config._attn_implementation == attention
+    if ops:
+        report = kernels.swap_in(model, ops=sorted(ops))
+        n = CONFIG["n_layer"]
+        want = {"layer_norm": ("LayerNorm", 2 * n + 1), "mlp": ("LinearAct", n),
+                "attention": ("attention", 1), "head": ("LinearCrossEntropy", 1)}
+        assert not report.left and all(report.count(what) == count for op, (what, count)
+                                       in want.items() if op in ops), str(report)
+        assert "attention" not in ops \
+            or model.config._attn_implementation == kernels.swap.ATTENTION_NAME
     return model
 
 

@@ -25,7 +25,7 @@ from .._checks import check_contiguous, check_pow2, check_same, check_tensor, ch
 from .._tiles import cdiv, default_warps
 from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
-from .._autograd import _empty_like_rows, declare
+from .._autograd import PROMOTE, _empty_like_rows, declare
 
 DEFAULT_BLOCK = 2048
 
@@ -250,11 +250,12 @@ def _prepare_scalar(x, y, z):
     return x, y, float(z)
 
 
+# Under autocast, as torch's elementwise ops: no cast; mixed floating dtypes promoted.
 _ADD_MUL = declare("add_mul", _forward, _fake, setup=_add_mul_setup, backward=_add_mul_backward,
-                   direct=triton_fused)
+                   direct=triton_fused, autocast=PROMOTE)
 _ADD_MUL_SCALAR = declare("add_mul_scalar", _forward_scalar, _fake, setup=_add_mul_setup,
                           backward=_add_mul_backward, direct=triton_fused,
-                          prepare=_prepare_scalar)
+                          prepare=_prepare_scalar, autocast=PROMOTE)
 
 
 def add_mul(x: torch.Tensor, y: torch.Tensor, z) -> torch.Tensor:

@@ -20,7 +20,7 @@ from .._plans import cached, layout_key, plan_cache
 from .._launch import launch
 from .._matmul import (ACTIVATIONS, GemmLaunch, _activation_kernel, _check_operands, _gemm,
                           _precision, gemm_launch, run_gemm)
-from .._autograd import declare
+from .._autograd import LOWER, declare
 
 
 def linear_act_reference(x: torch.Tensor, weight: torch.Tensor, bias=None,
@@ -188,7 +188,8 @@ def _backward(ctx, bwd, dy):
 
 _LINEAR_ACT = declare("linear_act", _forward, _fake, setup=_setup, backward=_backward,
                       backward_op=_backward_op, backward_fake=_backward_fake,
-                      eager_backward=backward, direct=linear_act_fused, function=True)
+                      eager_backward=backward, direct=linear_act_fused, function=True,
+                      autocast=LOWER)  # as F.linear
 
 
 def linear_act(x: torch.Tensor, weight: torch.Tensor, bias=None,

@@ -35,7 +35,7 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
-from .._autograd import declare
+from .._autograd import LOWER, declare
 from .._buffers import empty
 from .._checks import check_pow2, check_same, check_tensor
 from .._tiles import next_pow2
@@ -333,8 +333,11 @@ def _prepare(x, weight, target, bias, ignore_index, reduction, label_smoothing):
     return x, weight, target, bias, ignore_index, reduction, float(label_smoothing)
 
 
+# Under autocast as F.cross_entropy(F.linear(x, weight, bias), target): the matmuls in
+# autocast's dtype, the loss in float32.
 _LINEAR_CROSS_ENTROPY = declare("linear_cross_entropy", _forward, _fake, setup=_setup,
-                                backward=_backward, direct=_direct_loss, prepare=_prepare)
+                                backward=_backward, direct=_direct_loss, prepare=_prepare,
+                                autocast=LOWER)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,

@@ -30,7 +30,7 @@ from .._dot import dot as _dot
 from .._dot import upcast_bf16 as _upcast_bf16
 from .._bmm import DOT_MIN, _bmm
 from .._stored_softmax import softmax_rows
-from .._autograd import declare
+from .._autograd import LOWER, declare
 
 PRECISIONS = ("ieee", "tf32")
 
@@ -298,7 +298,8 @@ def _softmax_matmul_backward(ctx, dout):
 
 
 _SOFTMAX_MATMUL = declare("softmax_matmul", _forward, _fake, setup=_softmax_matmul_setup,
-                          backward=_softmax_matmul_backward, direct=triton_fused)
+                          backward=_softmax_matmul_backward, direct=triton_fused,
+                          autocast=LOWER)  # as torch.softmax(x, -1) @ v: the matmul's dtype
 
 
 def softmax_matmul(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._autograd import declare
+from ..._autograd import LOWER, declare
 from . import backward as _fab
 from . import forward as _fa
 from .forward import default_config, default_scale, reference, triton_fused, triton_unfused
@@ -69,7 +69,8 @@ def _prepare(q, k, v, causal, sm_scale):
 
 _ATTENTION = declare("attention", _forward, _fake, setup=_setup, backward=_backward,
                      backward_op=_backward_op, backward_fake=_backward_fake,
-                     direct=_fa.triton_fused, prepare=_prepare, function=True)
+                     direct=_fa.triton_fused, prepare=_prepare, function=True,
+                     autocast=LOWER)  # as SDPA
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

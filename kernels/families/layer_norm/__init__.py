@@ -32,7 +32,7 @@ from ..._plans import cached, layout_key, plan_cache
 from ..._launch import launch
 from .backward import BWD_MAX_ONE_TILE, bwd_groups
 from .forward import MAX_ONE_TILE, TUNE_FROM_BYTES, fwd_launch, run_forward, tuned_launch
-from ..._autograd import _empty_like_rows, declare
+from ..._autograd import FLOAT32, _empty_like_rows, declare
 from . import backward as _bwd
 
 
@@ -316,7 +316,9 @@ def _prepare(x, weight, bias, eps):
 _LAYER_NORM = declare(
     "layer_norm", _forward, _fake, setup=_setup, backward=_backward, backward_op=_backward_op,
     backward_fake=_backward_fake, eager_backward=_eager_backward, direct=_forward_only,
-    prepare=_prepare, function=True, forward_with_options=_fused_forward)
+    prepare=_prepare, function=True, forward_with_options=_fused_forward,
+    # CUDA's autocast runs layer_norm in float32; CPU's leaves the dtypes as they are.
+    autocast={"cuda": FLOAT32, "cpu": None})
 
 
 def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:

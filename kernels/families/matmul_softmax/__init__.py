@@ -60,7 +60,7 @@ from ..._stored_softmax import softmax_rows
 from ..._matmul import (GROUP, _check_operands, _gemm, _precision, _pow2, gemm_launch, k_major,
                         operand_strides, run_gemm, tf32_copies, tma_specs)
 
-from ..._autograd import declare
+from ..._autograd import LOWER, declare
 from .kernels import (_ms_combine_kernel, _ms_normalize_kernel, _ms_pass_tma_kernel,
                       _ms_probs_kernel, _ms_simple_kernel, _ms_split_kernel,
                       _ms_split_softmax_kernel, _ms_stats_kernel, _ms_tiled_kernel,
@@ -318,8 +318,11 @@ def _matmul_softmax_backward(ctx, dy):
     return dx, dw, db
 
 
+# Under autocast as torch.softmax(F.linear(x, weight.T, bias), -1): the matmul's inputs in
+# autocast's dtype, the probabilities in the dtype softmax gives there (float32 on CUDA).
 _MATMUL_SOFTMAX = declare("matmul_softmax", _forward, _fake, setup=_matmul_softmax_setup,
-                          backward=_matmul_softmax_backward, direct=triton_fused)
+                          backward=_matmul_softmax_backward, direct=triton_fused,
+                          autocast=LOWER, autocast_output={"cuda": torch.float32})
 
 
 def matmul_softmax(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:

@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from ..._autograd import _empty_like_rows, declare
+from ..._autograd import FLOAT32, _empty_like_rows, declare
 from ..._checks import as_rows
 from . import backward as _smb
 from . import forward as _sm
@@ -48,7 +48,9 @@ def _backward(ctx, bwd, dy):
 _SOFTMAX = declare("softmax", _forward, _fake, setup=_setup, backward=_backward,
                    backward_op=_backward_impl, backward_fake=lambda y, dy: _empty_like_rows(y),
                    eager_backward=_smb.own_output_backward,
-                   direct=_sm.triton_fused, function=True)
+                   direct=_sm.triton_fused, function=True,
+                   # CUDA's autocast runs softmax in float32; CPU's leaves it in x's dtype.
+                   autocast={"cuda": FLOAT32, "cpu": None})
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -133,7 +133,13 @@ def test_every_path_casts_then_runs_the_op(name):
         grad_path = ours(*leaves)
         traced = compiled(*[a.detach().clone().requires_grad_() for a in args])
     for got in (direct, grad_path, traced):
-        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert got.dtype == want.dtype
+        if name.startswith("layer_norm") and got is not direct:
+            # Statistics kept for a backward: another specialisation of the forward kernel,
+            # which a GPU's compiler may round differently in the last bit (test_ops.py).
+            assert rel_err(got, want) <= TOL[torch.float32]
+        else:
+            assert torch.equal(got, want)
     grad_path.float().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == t.dtype for t in leaves)
 

@@ -27,6 +27,11 @@ def _out_and_grads(module, *inputs):
     return out, [x.grad] + [p.grad for p in module.parameters()]
 
 
+# linear_act's float32 products run in TF32 on a GPU (its default, as fast float32 GEMMs), in full
+# float32 under the interpreter; nn.Linear's in IEEE float32.
+LINEAR_TOL = 7.5e-4 if DEVICE.type == "cuda" else TOL[torch.float32]
+
+
 def _same(ours, theirs, *inputs, tol=TOL[torch.float32]):
     out, grads = _out_and_grads(ours, *inputs)
     want, want_grads = _out_and_grads(theirs, *inputs)
@@ -70,7 +75,7 @@ def test_linear_act_module_loads_linear_state_dict(activation, bias):
         for p in linear.parameters():
             p.normal_()
     ours.load_state_dict(linear.state_dict())
-    _same(ours, nn.Sequential(linear, _Act(acts[activation])), _r(2, 5, 16))
+    _same(ours, nn.Sequential(linear, _Act(acts[activation])), _r(2, 5, 16), tol=LINEAR_TOL)
     with pytest.raises(ValueError, match="activation must be one of"):
         kernels.LinearAct(16, 24, activation="silu")
 
@@ -153,7 +158,7 @@ def test_swap_in_a_plain_model():
     # the parameters shared, not copied; the state dict the same
     assert all(p is params[n] for n, p in model.named_parameters())
     assert model.state_dict().keys() == state.keys()
-    assert rel_err(model(x), want.double()) <= 4 * TOL[torch.float32]
+    assert rel_err(model(x), want.double()) <= 4 * LINEAR_TOL
     assert str(report).startswith("swapped 3:")
     with pytest.raises(ValueError, match="ops must be among"):
         kernels.swap_in(model, ops=["softmax"])

@@ -33,28 +33,6 @@ def place_cases(folders: list) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def place_table(cases: pd.DataFrame) -> pd.DataFrame:
-    """Per family and GPU: cases where ours holds (fastest or within 5%), the median speedup
-    (the fastest other's time / ours), and the case where ours is farthest behind, its speedup
-    there and who is faster."""
-    out = []
-    for family, gpu in [(f, g) for f in dict.fromkeys(cases["family"]) for g in cases["gpu"].unique()]:
-        g = cases[(cases["family"] == family) & (cases["gpu"] == gpu)]
-        if not len(g):
-            continue
-        worst = g.loc[g["speedup"].idxmin()]
-        behind = not V.holds(pd.Series([worst["speedup"]])).iloc[0]
-        out.append({"family": worst["label"], "GPU": gpu,
-                    "holds": f"{int(V.holds(g['speedup']).sum())} of {len(g)}",
-                    "median speedup": g["speedup"].median(),
-                    "farthest behind": worst["case"] if behind else "none",
-                    "speedup there": worst["speedup"] if behind else np.nan,
-                    "faster there": D.SHORT_LABEL.get(worst["best"], worst["best"]) if behind
-                    else "—"})
-    table = pd.DataFrame(out)
-    return table.drop(columns="GPU") if cases["gpu"].nunique() == 1 else table
-
-
 def place_say(cases: pd.DataFrame) -> dict:
     """Whom to call, per family on the first GPU: the implementation fastest in the most cases
     (ours where it holds)."""
@@ -364,7 +342,7 @@ def gpu_say(t: pd.DataFrame, bw: dict) -> str:
 def compute(folders: list) -> dict:
     folder = folders[0]
     pts, ceilings = roofline(folder)
-    cases = place_cases(folders)
+    cases = place_cases(folders[:1])  # whom to call on this GPU
     counters = counter_table(folders)
     lc = launch(folder)
     gpus, bw = gpu_table(folders)
@@ -373,7 +351,6 @@ def compute(folders: list) -> dict:
            "launch_sizes": f"at a tiny size ({lc['sizes']})" if lc else "at a tiny size",
            **place_say(cases)}
     return dict(points=pts, ceilings=ceilings, counters=counters, launch=lc, say=say,
-                place=place_table(cases) if len(cases) else pd.DataFrame(),
                 gpus=gpu_display(gpus) if gpus["gpu"].nunique() > 1 else pd.DataFrame())
 
 

@@ -27,29 +27,21 @@ def gpu_names(folders: list) -> dict:
             for f, n in names.items()}
 
 
-def place_cases(folders: list) -> pd.DataFrame:
-    """Every size-sweep case of every family in every folder (verdict.every_case), by GPU."""
-    frames = [V.every_case(folder).assign(gpu=gpu) for folder, gpu in gpu_names(folders).items()]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def place_say(cases: pd.DataFrame) -> dict:
-    """Whom to call, per family on the first GPU: the implementation fastest in the most cases
-    (ours where it holds)."""
+def whom_say(cases: pd.DataFrame, gpu: str) -> str:
+    """Whom to call, per family (verdict.every_case of this GPU): the implementation fastest in
+    the most cases (ours where it holds)."""
     if not len(cases):
-        return {"whom": D.lacking("case where the fused kernel and another were both timed")}
-    first = cases[cases["gpu"] == cases["gpu"].iloc[0]]
+        return D.lacking("case where the fused kernel and another were both timed")
     parts = []
-    for family, g in first.groupby("label", sort=False):
+    for family, g in cases.groupby("label", sort=False):
         winners = g["best"].where(~V.holds(g["speedup"]), "triton_fused").value_counts()
         name = {k: "ours" if k == "triton_fused" else D.IMPL_LABEL.get(k, k) for k in winners.index}
         text = f"{family}: {name[winners.index[0]]} in {winners.iloc[0]} of {len(g)}"
         if len(winners) > 1:
             text += f" (next {name[winners.index[1]]}, {winners.iloc[1]})"
         parts.append(text)
-    return {"whom": ("Counting the cases each implementation is fastest in (ours where it is "
-                     f"within {V.TIE - 1:.0%} of the fastest other), on the "
-                     f"{first['gpu'].iloc[0]}: " + "; ".join(parts) + ".")}
+    return ("Counting the cases each implementation is fastest in (ours where it is within "
+            f"{V.TIE - 1:.0%} of the fastest other), on the {gpu}: " + "; ".join(parts) + ".")
 
 
 # --- the roofline -------------------------------------------------------------------------------
@@ -342,14 +334,13 @@ def gpu_say(t: pd.DataFrame, bw: dict) -> str:
 def compute(folders: list) -> dict:
     folder = folders[0]
     pts, ceilings = roofline(folder)
-    cases = place_cases(folders[:1])  # whom to call on this GPU
     counters = counter_table(folders)
     lc = launch(folder)
     gpus, bw = gpu_table(folders)
     say = {"roofline": roofline_say(pts), "sm": sm_say(folders), "counters": counter_say(counters),
            "launch": launch_say(lc), "gpus": gpu_say(gpus, bw), "accuracy": C.accuracy_say(family_frames(folder)),
            "launch_sizes": f"at a tiny size ({lc['sizes']})" if lc else "at a tiny size",
-           **place_say(cases)}
+           "whom": whom_say(V.every_case(folder), D.gpu_label(D.gpu_of(folder)))}
     return dict(points=pts, ceilings=ceilings, counters=counters, launch=lc, say=say,
                 gpus=gpu_display(gpus) if gpus["gpu"].nunique() > 1 else pd.DataFrame())
 

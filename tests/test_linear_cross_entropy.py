@@ -209,8 +209,9 @@ def test_second_derivative_raises(device):
 
 
 def test_float16_gradients_do_not_underflow(device):
-    """The mean's 1/count is applied in float32 after the matmuls: with many tokens, a float16
-    gradient is no more often zero than the float64 one rounded to float16."""
+    """The mean's 1/count is split between the row kernel (R/count, at least 1) and the matmuls'
+    alpha (1/R, in float32): with many tokens, a float16 gradient is no more often zero than the
+    float64 one rounded to float16."""
     x, w, b, t = _inputs(256, 32, 300, torch.float16, device)
     want, grads = _want(x, w, b, t)
     leaves = [a.clone().requires_grad_() for a in (x, w, b)]
@@ -228,3 +229,69 @@ def test_an_incoming_gradient_scales_the_gradients(device):
     (2.5 * kernels.linear_cross_entropy(*leaves[:2], t, leaves[2])).backward()
     for got, ref in zip(leaves, grads):
         assert _rel(got.grad, 2.5 * ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("dtype", [torch.float16, *full(torch.bfloat16)])
+def test_compiles_without_graph_breaks_forward_and_backward(backend, dtype, device):
+    """The loss inside torch.compile(fullgraph=True) (a graph break raises; aot_eager traces its
+    backward too), with ignored rows: the gradients of eager's."""
+    x, w, b, t = _inputs(24, 16, 40, dtype, device)
+    _, grads = _want(x, w, b, t)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+    loss = torch.compile(kernels.linear_cross_entropy, fullgraph=True, backend=backend)
+    torch._dynamo.reset()
+    loss(leaves[0], leaves[1], t, leaves[2]).backward()
+    for got, ref in zip(leaves, grads):
+        assert _rel(got.grad, ref) < TOL[dtype]
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_captures_in_a_cuda_graph_forward_and_backward(dtype, device):
+    """No host sync (CUDA's sync debug mode raises on one), so the loss and its backward capture
+    in one CUDA graph; replayed on fresh targets (ignored rows, then every row ignored), the
+    captured loss and gradients are eager's."""
+    x, w, b, t = _inputs(96, 32, 300, dtype, device)
+    leaves = [a.clone().requires_grad_() for a in (x, w, b)]
+
+    def step():
+        loss = kernels.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2])
+        loss.backward()
+        return loss.detach()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile and plan outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for a in leaves:
+            a.grad = None
+        step()
+        torch.cuda.synchronize()
+        for a in leaves:
+            a.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for fresh in (torch.randint(0, 300, (96,), device=device), torch.full_like(t, -100)):
+        fresh[::5] = -100
+        t.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        want, grads = _want(x, w, b, t)
+        if torch.isnan(want):
+            assert torch.isnan(loss)
+            assert all(torch.equal(a.grad, torch.zeros_like(a)) for a in leaves)
+            continue
+        assert abs(loss.item() - want.item()) < 1e-2 * max(1.0, abs(want.item()))
+        for got, ref in zip(leaves, grads):
+            assert _rel(got.grad, ref) < TOL[dtype]

@@ -19,8 +19,10 @@ logits' rows are padded in the buffer (16-byte aligned rows). dweight accumulate
 in the weight's dtype
 (cuBLAS adds in float32 and rounds once per chunk, as Liger does: its error grows with the number
 of chunks). The mean's 1/count stays on the GPU and scales the gradient in the row kernel (in
-float16 it is the matmuls' alpha, in float32, which needs the count on the host); a target out
-of range is a device-side assert, as in torch: no host sync stalls a training step.
+float16 split in two: R/count there, R a power of two from the row count, and 1/R as the matmuls'
+alpha, so that the gradient stored in float16 neither underflows nor overflows); a target out of
+range is a device-side assert, as in torch: no host sync stalls a training step, and the op
+captures in a CUDA graph.
 
 Reductions "mean" (over the targets that are not `ignore_index`, as torch) and "sum"; label
 smoothing as torch's. float16, bfloat16 (logits in the input dtype, as cuBLAS writes them; the
@@ -75,8 +77,8 @@ def _ce_rows_kernel(logits_ptr, bias_ptr, target_ptr, loss_ptr, scale_ptr, V, P,
                     WITH_GRAD: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
     """One row of logits: its loss, and (WITH_GRAD) their gradient written over them:
     softmax - (1 - smoothing) onehot(target) - smoothing / V; 0 where the target is ignored;
-    times *scale_ptr (the mean's 1/count, on the device) if SCALED, else unscaled (float16: the
-    scale is applied in float32 after the matmuls, so that no small gradient underflows). The
+    times *scale_ptr (on the device: the mean's 1/count, or in float16 R/count, see the module's
+    docstring) if SCALED, else unscaled. The
     bias (HAS_BIAS, padded to P with zeros) is added here, to the logits as read. The row is read
     and written over P columns, a multiple of 64 (the buffer's padded row; the gradient is 0
     past V): a mask at an odd V would cut every access to single elements, and scattered 2-byte
@@ -184,23 +186,23 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
     outside = (f"target holds class indices outside [0, {vocab}) that are not ignore_index "
                f"({ignore_index})")
     count = kept.sum()
-    # On a GPU nothing here waits for the GPU (a sync would stall a training step's launches):
-    # a bad target is a device-side assert, as in torch's own cross-entropy, and the mean's
-    # 1/count stays on the device, applied in the row kernel; except in float16, where it is the
-    # matmuls' alpha (in float32: applied in the kernel, small gradients would underflow), known
-    # on the host after one sync. On the CPU (the interpreter) a sync costs nothing.
-    scale_on_host = reduction == "mean" and x.dtype == torch.float16
-    scale, scale_t = 1.0, None
-    if x.device.type != "cuda" or scale_on_host:
-        n_bad, n_kept = torch.stack([bad, count]).tolist()
-        if n_bad:
+    # On a GPU nothing here waits for the GPU (a sync would stall a training step's launches, and
+    # cannot be captured in a CUDA graph): a bad target is a device-side assert, as in torch's own
+    # cross-entropy, and the mean's 1/count stays on the device, applied in the row kernel. In
+    # float16 the row kernel applies R/count and the matmuls 1/R (their alpha, in float32): the
+    # stored gradient, softmax - onehot in [-1, 1], times R/count, is not scaled down (R/count
+    # >= 1 up to 2^15 rows: no more underflow than unscaled) and cannot overflow (R <= 2^15). On
+    # the CPU (the interpreter) a sync costs nothing and a bad target raises.
+    if x.device.type != "cuda":
+        if bad.item():
             raise ValueError(outside)
-        if scale_on_host:  # None kept: the loss is nan and the gradients zero, as torch's
-            scale = 1.0 / n_kept if n_kept else 0.0
     else:
         torch._assert_async(bad == 0, outside)
-    if reduction == "mean" and not scale_on_host:
-        scale_t = torch.where(count > 0, 1.0 / count.clamp_min(1), 0.0).float()
+    scale, scale_t = 1.0, None
+    if reduction == "mean":
+        if x.dtype == torch.float16:
+            scale = 1.0 / min(next_pow2(max(n, 1)), 2**15)
+        scale_t = torch.where(count > 0, 1.0 / (scale * count.clamp_min(1)), 0.0).float()
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, vocab, x.element_size())
     buffer = torch.empty((min(n, chunk_rows), padded), dtype=x.dtype, device=x.device)
@@ -233,7 +235,7 @@ def triton_fused(x, weight, target, bias=None, ignore_index=-100, reduction="mea
                int(ignore_index), float(label_smoothing), HAS_BIAS=bias is not None,
                SMOOTH=float(label_smoothing) > 0, WITH_GRAD=with_grad, SCALED=scale_t is not None,
                BLOCK=tile, num_warps=warps)
-        if with_grad:  # the gradient is in `logits` now; the host's scale is cuBLAS's alpha
+        if with_grad:  # the gradient is in `logits` now; `scale` (1/R) is cuBLAS's alpha
             # The thin part first: the large one then adds to it, rounding dx once.
             for i, p in enumerate(reversed(parts)):
                 torch.addmm(dx[rows], logits[:, p], weight[p], beta=1 if i else 0, alpha=scale,
@@ -348,8 +350,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
 
     x (N, H), weight (V, H) as nn.Linear stores it, bias (V,) or None, target (N,) int64 class
     indices (ignore_index: no loss, no gradient; any other index outside [0, V) raises
-    ValueError, except on a GPU, where it is a device-side assert as in torch's cross-entropy,
-    but for the float16 mean). reduction "mean" or "sum". One float dtype for x, weight and bias;
+    ValueError, except on a GPU, where it is a device-side assert as in torch's cross-entropy). reduction "mean" or "sum". One float dtype for x, weight and bias;
     the loss is float32 (as a model's loss on float32 logits). A retained graph may be
     differentiated again where the first backward's incoming gradient was 1 (a loss's own)."""
     return _LINEAR_CROSS_ENTROPY(x, weight, target, bias, ignore_index, reduction,

@@ -33,6 +33,10 @@ class TinyTransformer(torch.nn.Module):
         self.head = torch.nn.Linear(DIM, VOCAB)
 
     def forward(self, ids, ops: str, attn_dtype=torch.float16):
+        return self.head(self.hidden(ids, ops, attn_dtype))
+
+    def hidden(self, ids, ops: str, attn_dtype=torch.float16):
+        """The final LayerNorm's output, the LM head's input."""
         ln = (lambda x, m: kernels.layer_norm(x, m.weight, m.bias, m.eps)) if ops == "triton" \
             else (lambda x, m: F.layer_norm(x, (DIM,), m.weight, m.bias, m.eps))
         b, s = ids.shape
@@ -45,7 +49,7 @@ class TinyTransformer(torch.nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, DIM).to(x.dtype))
         x = x + self.fc_out(F.gelu(self.fc(ln(x, self.ln2))))
-        return self.head(ln(x, self.ln_f))
+        return ln(x, self.ln_f)
 
 
 def _loss(model, ids, ops, attn_dtype=torch.float16):
@@ -80,6 +84,54 @@ def test_tiny_transformer_forward_backward(device):
             ((g.double() - ref[n]).abs().max() / ref[n].abs().max()).item()
             for n, g in grads.items()])
     assert errs["triton"] <= max(2 * errs["torch"], 1e-3), errs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_training_step_with_every_op_captures_in_one_cuda_graph(device):
+    """Forward (LayerNorm, attention, the LM head's loss), backward and AdamW captured as one
+    CUDA graph, as a training loop removes the host's cost: three replays on fresh batches give
+    the parameters of three eager steps."""
+    def loss_of(model, ids):
+        h = model.hidden(ids[:, :-1], "triton")
+        return kernels.linear_cross_entropy(h.reshape(-1, DIM), model.head.weight,
+                                            ids[:, 1:].reshape(-1), model.head.bias)
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(TinyTransformer().to(device))
+    eager, captured = models
+    opts = [torch.optim.AdamW(m.parameters(), lr=3e-3, capturable=True) for m in models]
+    for step in range(3):
+        opts[0].zero_grad(set_to_none=True)
+        loss_of(eager, _ids(device, step)).backward()
+        opts[0].step()
+    ids = _ids(device, 0).clone()
+    first = [p.detach().clone() for p in captured.parameters()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile, plan and make AdamW's state outside the capture
+        loss_of(captured, ids).backward()
+        opts[1].step()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.no_grad():  # then back to the first step's weights and state
+        for p, p0 in zip(captured.parameters(), first):
+            p.copy_(p0)
+        for state in opts[1].state.values():
+            for t in state.values():
+                t.zero_()
+    opts[1].zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss_of(captured, ids).backward()
+        opts[1].step()
+    # The capture ran nothing: the parameters are the initial ones until the replays.
+    for step in range(3):
+        ids.copy_(_ids(device, step))
+        graph.replay()
+    torch.cuda.synchronize()
+    for (name, a), b in zip(eager.named_parameters(), captured.parameters()):
+        assert (a - b).abs().max() <= 1e-3 * a.abs().max() + 1e-5, name
 
 
 @FULL

@@ -1,0 +1,150 @@
+"""`python -m triton_fusion_report.analysis.bench.lm_head_front --out FILE.csv`: the LM head and
+its loss (forward + backward, bf16), time against peak memory, on the GPU: our op at every
+chunking it can take, and every peer (eager, torch.compile and max-autotune, Liger-Kernel, Apple's
+Cut Cross-Entropy), with and without a bias (Cut Cross-Entropy takes none). The trade-off curve:
+a chunk of more rows runs its matmuls nearer their peak and holds more logits.
+
+One row per (shape, bias, impl, chunk rows): ms (median of a trial as the sweep times one: L2
+flushed, events around each call), peak MiB above the inputs, the loss's and gradients' largest
+relative error against float32 (`err`: Cut Cross-Entropy skips gradients it deems negligible,
+by default), status and the reason where a peer is missing or fails.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import importlib.metadata
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(8192, 768, 50257), (4096, 4096, 128256)]
+DTYPE = torch.bfloat16
+# Our op's chunkings: the tokens split in this many chunks of equal rows.
+CHUNKS = (1, 2, 4, 8, 16, 32)
+CCE = ("cut_cross_entropy", "cut-cross-entropy", "25.1.1")
+
+
+def _inputs(n, h, v, bias: bool, device):
+    from .matmul_epilogue import _lce_inputs
+
+    x, w, b, t = _lce_inputs(n, h, v, DTYPE, device)
+    return x, w, (b if bias else None), t
+
+
+def _grads(loss_fn):
+    """(x, w, b, t) -> (loss, dx, dw[, db]): the loss and its gradients, as a training step."""
+    def call(x, w, b, t):
+        leaves = [a.detach().requires_grad_() for a in (x, w, b) if a is not None]
+        loss = loss_fn(leaves[0], leaves[1], leaves[2] if b is not None else None, t)
+        return (loss.detach(), *torch.autograd.grad(loss, leaves))
+    return call
+
+
+def _eager(x, w, b, t):
+    return F.cross_entropy(F.linear(x, w, b).float(), t)
+
+
+def _impls(n: int, bias: bool, most: bool) -> list[tuple[str, int | None, object]]:
+    """(impl, chunk rows or None, call of x, w, b, t returning the loss and the gradients)."""
+    from ...kernels.families import linear_cross_entropy as lce
+    from .peers import liger_linear_cross_entropy
+    from .sweep import MAX_AUTOTUNE
+
+    out = [("torch_eager", None, _grads(_eager)),
+           ("torch_compile", None, _grads(torch.compile(_eager)))]
+    if most:
+        out.append(("torch_compile_max", None, _grads(torch.compile(_eager, mode=MAX_AUTOTUNE))))
+    for chunks in CHUNKS:  # the op's forward, which makes the gradients, at a chunking given
+        rows = -(-n // chunks)
+        out.append(("triton_fused", rows, lambda x, w, b, t, rows=rows:
+                    lce.triton_fused(x, w, t, b, chunk_rows=rows)))
+    out.append(("liger", None, _grads(liger_linear_cross_entropy)))
+    if not bias:
+        out.append(("cce", None, _grads(_cce)))
+    return out
+
+
+def _cce(x, w, b, t):
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"{CCE[1]} is not installed (pip install {CCE[1]}=={CCE[2]})") \
+            from exc
+    return linear_cross_entropy(x, w, t)
+
+
+def _err(got, want) -> float:
+    return max(((g.float() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+               for g, r in zip(got, want))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes")
+    ap.add_argument("--no-max", dest="max", action="store_false",
+                    help="without torch.compile's max-autotune (minutes of tuning a shape)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("lm_head_front needs a CUDA GPU; skipped")
+        return 0
+    from .machine import run_metadata
+    from .timing import bench, peak_mib
+
+    device = torch.device("cuda")
+    meta = run_metadata(device)
+    rows = []
+    for n, h, v in SHAPES[:args.shapes]:
+        for bias in (True, False):
+            x, w, b, t = _inputs(n, h, v, bias, device)
+            want = _grads(_eager)(*(a.float() if a is not None and a.is_floating_point()
+                                     else a for a in (x, w, b, t)))  # float32's
+            for impl, chunk, call in _impls(n, bias, args.max):
+                row = dict(meta, tokens=n, hidden=h, vocab=v, bias=bias, impl=impl,
+                           chunk_rows=chunk, status="ok")
+                t0 = time.perf_counter()
+                try:
+                    got = [g for g in call(x, w, b, t) if g is not None]
+                    row["err"] = _err(got, want)
+                    del got
+                    once = functools.partial(call, x, w, b, t)
+                    row["ms"] = bench(once, device)["median"]
+                    row["peak_mib"] = peak_mib(once, device)
+                except torch.cuda.OutOfMemoryError as exc:
+                    row.update(status="oom", error=str(exc).splitlines()[0][:300])
+                except Exception as exc:  # noqa: BLE001 - a failing peer is a row
+                    row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
+                if impl == "cce":
+                    try:
+                        row["variant"] = f"{CCE[1]} {importlib.metadata.version(CCE[1])}"
+                    except importlib.metadata.PackageNotFoundError:
+                        pass
+                torch.cuda.empty_cache()
+                rows.append(row)
+                print(f"{n}x{h}x{v} bias={bias!s:5} {impl:18s} {chunk or '':>6} "
+                      + (f"{row['ms']:8.2f} ms {row['peak_mib']:8.0f} MiB err {row['err']:.1e}"
+                         if row["status"] == "ok" else f"{row['status']}: {row.get('error')}")
+                      + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+                _write(args.out, rows)
+            del x, w, b, t, want
+            torch.cuda.empty_cache()
+    return 0
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                     row["err"] = _err(got, want)
                     del got
                     once = functools.partial(call, x, w, b, t)
-                    row["ms"] = bench(once, device)["median"]
+                    row["ms"] = bench(once, device)["ms_median"]
                     row["peak_mib"] = peak_mib(once, device)
                 except torch.cuda.OutOfMemoryError as exc:
                     row.update(status="oom", error=str(exc).splitlines()[0][:300])

@@ -159,12 +159,23 @@ class FusedGPT2MLP(nn.Module):
 # --------------------------------------------------------------------------- attention
 
 
-def _is_causal_mask(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
-    """A (..., n_q, n_k) mask that keeps exactly the bottom-right causal triangle (bool: True
-    keeps; float: 0 keeps), the same for every batch and head."""
+_NOT_CAUSAL = ("only a causal mask is supported (no padding): the Triton kernel takes no mask")
+
+
+def _check_causal_mask(mask: torch.Tensor, n_q: int, n_k: int) -> None:
+    """Raise unless the (..., n_q, n_k) mask keeps exactly the bottom-right causal triangle (bool:
+    True keeps; float: 0 keeps), the same for every batch and head. Where the host cannot wait for
+    the answer (a CUDA graph being captured, which is when transformers passes the mask it
+    otherwise skips; torch.compile tracing) it is a device-side assert, as torch's checks of
+    data there: never a silently dropped padding."""
     keep = mask if mask.dtype == torch.bool else mask == 0
     want = torch.ones(n_q, n_k, dtype=torch.bool, device=mask.device).tril(n_k - n_q)
-    return bool((keep == want).all())
+    causal = (keep == want).all()
+    if torch.compiler.is_compiling() or (
+            mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+        torch._assert_async(causal, _NOT_CAUSAL)
+    elif not causal:
+        raise NotImplementedError(_NOT_CAUSAL)
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -183,9 +194,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     n_q, n_k = query.shape[2], key.shape[2]
     if attention_mask is not None:
-        if not causal or not _is_causal_mask(attention_mask, n_q, n_k):
-            raise NotImplementedError("only a causal mask is supported (no padding): the Triton "
-                                      "kernel takes no mask")
+        if not causal:
+            raise NotImplementedError(_NOT_CAUSAL)
+        _check_causal_mask(attention_mask, n_q, n_k)
     elif causal and 1 < n_q < n_k:
         # As SDPA's: no mask with more keys than queries is a prefill into an empty static
         # cache, whose causal mask is aligned to the top left.

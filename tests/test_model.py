@@ -176,6 +176,25 @@ def test_swapped_attention_refuses_padding_masks_and_dropout(device):
         swap.attention_forward(module, q, q, q, None, dropout=0.1)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_swapped_attention_with_a_causal_mask_captures(device):
+    """Under CUDA-graph capture transformers passes the causal mask it skips otherwise: the
+    adapter checks it on the device (no host sync, which would end the capture), so the call
+    captures and replays as the eager one."""
+    from triton_fusion_report.kernels import swap
+
+    q = torch.randn(2, 2, 64, 16, device=device, dtype=torch.float16)
+    causal = torch.ones(64, 64, dtype=torch.bool, device=device).tril()[None, None]
+    module = type("M", (), {"is_causal": True})()
+    want = swap.attention_forward(module, q, q, q, causal)[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = swap.attention_forward(module, q, q, q, causal)[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
 def test_a_padded_batch_is_refused_not_silently_unmasked(device):
     """GPT-2 with the project's attention (transformers' interface, as kernels.swap_in puts it
     in): a batch without padding runs (no mask is made); a padded one raises, where transformers

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..model import traffic
-from . import data as D
+from . import cases, data as D
 from . import figures
 
 FLAT = 1.5  # device time within this factor of the smallest size's: the launch sets the time
@@ -41,20 +41,30 @@ def compute(folders: list) -> dict:
                      f"unfused pair moves 6 elements per output against 4 fused, so fusion can be "
                      f"at most {model_ratio('tensor'):.2f}× faster; with a scalar `z`, 5 against "
                      f"3, at most {model_ratio('scalar'):.2f}×.")}
-    say.update(_large(fp32, stream_bw, copy_bw))
+    n = headline_n(df, fp32)
+    say.update(_large(fp32, n, stream_bw, copy_bw))
     say.update(_small(fp32))
-    say["half"] = _half(rows)
+    say["half"] = _half(rows, n)
     say["blocks"] = _blocks(df)
     return dict(traffic=traffic_table(), fp32=fp32, copy_bw=copy_bw, stream_bw=stream_bw,
                 say=say)
 
 
-def _large(fp32: pd.DataFrame, stream_bw: float, copy_bw: float) -> dict:
-    """At the largest size with a tensor z: fused against every other version, and the model."""
+def headline_n(df: pd.DataFrame, fp32: pd.DataFrame):
+    """The size the chapter centres on: the family's headline case (the findings' table reads
+    the same one), else the largest float32 size with a tensor z."""
+    case = cases.headline("elementwise", df) if len(df) else None
+    if case is not None and case.where["dtype"] == "float32" and case.where["z_kind"] == "tensor":
+        return case.where["n"]
     tensor = fp32[fp32["z_kind"] == "tensor"] if len(fp32) else fp32
-    if not len(tensor):
+    return tensor["n"].max() if len(tensor) else None
+
+
+def _large(fp32: pd.DataFrame, n, stream_bw: float, copy_bw: float) -> dict:
+    """At the headline size with a tensor z: fused against every other version, and the model."""
+    tensor = fp32[fp32["z_kind"] == "tensor"] if len(fp32) else fp32
+    if not len(tensor) or n is None:
         return {"large": D.lacking("timed float32 add-mul rows")}
-    n = tensor["n"].max()
     t = D.times(tensor[tensor["n"] == n])
     if "triton_fused" not in t:
         return {"large": D.lacking(f"timed fused kernel at n = {D.pow2(n)}")}
@@ -106,11 +116,11 @@ def _small(fp32: pd.DataFrame) -> dict:
                      f"its bytes, sets the time.{pair}"}
 
 
-def _half(rows: pd.DataFrame) -> str:
+def _half(rows: pd.DataFrame, n) -> str:
     half = rows[(rows["dtype"] != "float32") & (rows["z_kind"] == "tensor")] if len(rows) else rows
     if not len(half):
         return D.lacking("half-precision add-mul rows")
-    n = half["n"].max()
+    n = n if n in set(half["n"]) else half["n"].max()
     out = []
     for dtype, g in half[half["n"] == n].groupby("dtype"):
         t = D.times(g)

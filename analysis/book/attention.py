@@ -380,7 +380,7 @@ def _gluon_sentence(t: pd.DataFrame) -> str:
     if not len(timed):
         if len(refused) == len(t):
             return (f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward does "
-                    "not apply on this GPU or at these shapes (it takes sm_90 only, head_dim 64 "
+                    "not apply on this GPU or at these shapes (it takes Hopper only, head_dim 64 "
                     "or 128, lengths in whole 128-row tiles): the tuner has only the `tl` kernels.")
         return D.lacking("timed rows of the Gluon forward and the `tl` kernels, each forced") \
             + failures
@@ -514,7 +514,7 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
         if len(t) else ""))
     if {"torch_compile", "torch_eager"} <= set(timing.index):
         tps = timing["tokens_per_s"]
-        whom += (f" and compile the model (torch.compile ran GPT-2 at "
+        whom += (f" and compile the network around it (torch.compile ran GPT-2 at "
                  f"{tps['torch_compile'] / tps['torch_eager']:.1f}× eager's tokens/s)")
     t = _smm_at(smm, "float16")[1]
     wins = "triton_fused" in t and t["triton_fused"] == min(t.values())

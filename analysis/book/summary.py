@@ -37,11 +37,9 @@ def _data_line(folder, frames) -> str:
     if not len(rows) or not rows["ms_median"].notna().any():
         return ("These data hold no GPU timings (a run on the CPU checks correctness only), so the "
                 "findings below say what is missing.")
-    dates = rows["started_at"].astype(str).str[:10]
-    when = dates.max() if dates.min() == dates.max() else f"{dates.min()} to {dates.max()}"
-    return (f"Measured on an {D.gpu_label(D.gpu_of(folder))} ({when}; PyTorch "
-            f"{rows['torch'].iloc[0]}, Triton {rows['triton'].iloc[0]}); @sec-reproducibility "
-            "says how to measure your own.")
+    return (f"Measured on an {D.gpu_label(D.gpu_of(folder))} (PyTorch {rows['torch'].iloc[0]}, "
+            f"Triton {rows['triton'].iloc[0]}); @sec-reproducibility says when, and how to "
+            "measure your own.")
 
 
 def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:

@@ -550,12 +550,13 @@ def fig_smm(c: dict):
     return fig
 
 
-def _attn_fig(rows: pd.DataFrame, peak: float, ylabel: str, what: str):
+def _attn_fig(rows: pd.DataFrame, peak: float, ylabel: str, what: str, height: float = 3.6):
     return figures.lines_by_impl(
         rows.sort_values("causal") if len(rows) else rows, "seq", "tflops_t", "causal",
         xlabel="sequence length", ylabel=ylabel, logy=False,
         panel_title=lambda causal: "causal" if causal else "non-causal",
-        hlines={"fp16 matmul peak": peak}, no_data_text=f"No timed {what} rows in these data.")
+        hlines={"fp16 matmul peak": peak}, no_data_text=f"No timed {what} rows in these data.",
+        height=height)
 
 
 def fig_fwd(c: dict):
@@ -563,4 +564,5 @@ def fig_fwd(c: dict):
 
 
 def fig_train(c: dict):
-    return _attn_fig(c["train"], c["peak16"], "TFLOP/s (3.5× forward FLOPs)", "training")
+    return _attn_fig(c["train"], c["peak16"], "TFLOP/s (3.5× forward FLOPs)", "training",
+                     height=3.0)

@@ -140,23 +140,6 @@ def view_table(df: pd.DataFrame, view: View) -> tuple[pd.DataFrame, str]:
     return table, f"{view.about.format(**view.where)}: {measure} in µs.{rest}"
 
 
-def block_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The elementwise block-size sweep at its largest n: TB/s of model bytes (per call) per
-    block size, for both Triton kernels and both kinds of z."""
-    blocks = df[(df["sweep"] == "block") & (df["status"] == "ok")] if len(df) else df
-    blocks = blocks.dropna(subset=["gbps"]) if len(blocks) else blocks
-    if not len(blocks):
-        return pd.DataFrame(), D.lacking("timed block-size sweep of the add-mul kernels")
-    n = blocks["n"].max()
-    big = blocks[blocks["n"] == n]
-    wide = big.pivot_table(index="block", columns=["impl", "z_kind"], values="gbps", aggfunc="max")
-    table = pd.DataFrame({"block": [int(b) for b in wide.index]})
-    for impl, z in wide.columns:
-        table[f"{HEAD.get(impl, impl)}, z {z}"] = wide[(impl, z)].to_numpy() / 1000
-    return table, (f"The Triton add-mul kernels in float32 at n = {D.pow2(n)}, per block size "
-                   "(elements per program): TB/s of model bytes over the per-call median time.")
-
-
 PRECISION_ORDER = ["ieee", "tf32", "float16", "bfloat16"]
 
 
@@ -305,7 +288,6 @@ def compute(folders: list) -> dict:
         if view.op is not None and len(df):
             df = df[df["op"] == view.op]
         tables[view.key], say[view.key] = view_table(df, view)
-    tables["ew-blocks"], say["ew-blocks"] = block_table(frames["elementwise"])
     acc = accuracy(frames)
     tables["accuracy"] = accuracy_display(acc)
     say["accuracy"] = accuracy_gap(acc)

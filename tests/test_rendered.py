@@ -142,7 +142,7 @@ def _pdf_pages() -> list[str]:
     return [page.extract_text() or "" for page in PdfReader(_pdf()).pages]
 
 
-MAX_PAGES = 42
+MAX_PAGES = 40
 
 
 def test_the_pdf_is_a_book_not_a_notebook():
@@ -181,3 +181,50 @@ def test_no_bookkeeping_outside_the_appendices():
         for pattern, what in BOOKKEEPING:
             hit = pattern.search(text)
             assert not hit, f"{_page(qmd).name}: {what}: {hit.group(0)!r}"
+
+
+# File names, dates and code identifiers used as words (outside code): the appendices' business.
+AS_WORDS = [
+    (re.compile(r"[\w./-]+\.(?:py|csv|parquet|md|ya?ml|toml|json)\b"), "a file name"),
+    (re.compile(r"\b\d{4}-\d{2}-\d{2}\b"), "a date"),
+    # head_dim: the attention head's width, named as the attention APIs and the tables name it.
+    (re.compile(r"\b(?!head_dim\b)[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"), "a code identifier as a word"),
+]
+
+
+def _main_text(page: Path, drop_code: bool = True) -> str:
+    html = page.read_text(encoding="utf-8")
+    if "<main" in html:
+        html = html[html.find("<main"):html.find("</main>")]
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    if drop_code:
+        html = re.sub(r"<(code|pre)\b.*?</\1>", " ", html, flags=re.S)
+    from html import unescape
+
+    return unescape(re.sub(r"<[^>]+>", " ", html))
+
+
+def test_chapters_free_of_file_names_dates_and_identifiers():
+    """A chapter's text, captions and tables, as rendered: no file name, date or snake_case
+    identifier outside code formatting (the reproducibility appendix has them)."""
+    for qmd in CHAPTERS:
+        if qmd.stem in APPENDICES:
+            continue
+        text = _main_text(_page(qmd))
+        for pattern, what in AS_WORDS:
+            hit = pattern.search(text)
+            assert not hit, f"{_page(qmd).name}: {what}: {hit.group(0)!r}"
+
+
+def test_every_table_numbered_and_captioned():
+    """Every table of the HTML sits in a numbered, captioned Quarto table (label tbl-...)."""
+    for page in _pages():
+        html = page.read_text(encoding="utf-8")
+        html = html[html.find("<main"):] if "<main" in html else html
+        floats = re.findall(r'<div id="tbl-[^"]+"[^>]*>.*?</figure>', html, flags=re.S)
+        inside = sum(f.count("<table") for f in floats)
+        assert inside == html.count("<table"), \
+            f"{page.name}: {html.count('<table') - inside} table(s) without a number and caption"
+        for f in floats:
+            assert "<figcaption" in f and re.search(r"Table&nbsp;[A-Z0-9]", f), \
+                f"{page.name}: a table float without its numbered caption"

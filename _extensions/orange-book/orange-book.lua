@@ -40,17 +40,16 @@ local header_filter = {
         local language = quarto.doc.language
         local appendicesTitle = (language and language["section-title-appendices"]) or "Appendices"
 
-        -- Use hide-parent: true to work around orange-book bug where unnumbered headings
-        -- (like Bibliography) trigger duplicate "Appendices" TOC entries.
+        -- Patched: hide-parent: false, so that the contents name "Appendices" above the first
+        -- appendix (the upstream workaround, true, is for unnumbered headings such as a
+        -- bibliography, which this book has not).
         local appendixStart = pandoc.RawBlock('typst',
-          '#show: appendices.with("' .. appendicesTitle .. '", hide-parent: true)')
+          '#show: appendices.with("' .. appendicesTitle .. '", hide-parent: false)')
 
-        -- If this is the synthetic "Appendices" divider heading (has .unnumbered class),
-        -- emit our own Appendices heading for TOC display
+        -- Patched: the synthetic "Appendices" divider heading (.unnumbered) made a page of its
+        -- own with nothing but the title; the contents' row above stands for it.
         if el.classes:includes("unnumbered") then
-          local appendicesHeading = pandoc.RawBlock('typst',
-            '#heading(level: 1, numbering: none)[' .. appendicesTitle .. ']')
-          return {appendixStart, appendicesHeading}
+          return {appendixStart}
         end
 
         return {appendixStart, el}

@@ -101,10 +101,8 @@ def sm_say(folders: list) -> str:
     folder = found[0]
     details = pd.read_parquet(Path(folder) / "profile_details.parquet")
     counters = K.target_counters(details)
-    # Another folder's profile: its GPU (and when it was profiled) named.
+    # Another folder's profile: its GPU named (when it was profiled: the reproducibility appendix).
     gpu = "" if folder == folders[0] else gpu_names(folders)[folder]
-    when = (f" (profiled {str(details['started_at'].iloc[0])[:10]})"
-            if "started_at" in details and len(details) else "")
     parts, ahead = [], []
     for family, g in counters.groupby("family", sort=False):
         ours, other = g[g["impl"] == "triton_fused"], g[g["impl"] != "triton_fused"]
@@ -120,7 +118,7 @@ def sm_say(folders: list) -> str:
     if not parts and not ahead:
         return D.lacking("profiled fused kernel beside another implementation")
     return " ".join(filter(None, [
-        (f"On the {gpu}{when}, where" if gpu else "Where") + " a profiled fused kernel is the "
+        (f"On the {gpu}, where" if gpu else "Where") + " a profiled fused kernel is the "
         "slower, Nsight Compute shows how busy the SM's "
         "busiest unit (tensor cores or instruction issue) is in its longest kernel against the "
         "fastest other implementation's: " + "; ".join(parts) + "." if parts else "",

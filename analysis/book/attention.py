@@ -380,7 +380,7 @@ def _gluon_sentence(t: pd.DataFrame) -> str:
     if not len(timed):
         if len(refused) == len(t):
             return (f"In @tbl-attn-gluon (sequences of {seqs} tokens) the Gluon forward does "
-                    "not apply on this GPU or at these shapes (it takes sm_90 only, head_dim 64 "
+                    "not apply on this GPU or at these shapes (it takes Hopper only, head_dim 64 "
                     "or 128, lengths in whole 128-row tiles): the tuner has only the `tl` kernels.")
         return D.lacking("timed rows of the Gluon forward and the `tl` kernels, each forced") \
             + failures
@@ -514,7 +514,7 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
         if len(t) else ""))
     if {"torch_compile", "torch_eager"} <= set(timing.index):
         tps = timing["tokens_per_s"]
-        whom += (f" and compile the model (torch.compile ran GPT-2 at "
+        whom += (f" and compile the network around it (torch.compile ran GPT-2 at "
                  f"{tps['torch_compile'] / tps['torch_eager']:.1f}× eager's tokens/s)")
     t = _smm_at(smm, "float16")[1]
     wins = "triton_fused" in t and t["triton_fused"] == min(t.values())
@@ -550,12 +550,13 @@ def fig_smm(c: dict):
     return fig
 
 
-def _attn_fig(rows: pd.DataFrame, peak: float, ylabel: str, what: str):
+def _attn_fig(rows: pd.DataFrame, peak: float, ylabel: str, what: str, height: float = 3.6):
     return figures.lines_by_impl(
         rows.sort_values("causal") if len(rows) else rows, "seq", "tflops_t", "causal",
         xlabel="sequence length", ylabel=ylabel, logy=False,
         panel_title=lambda causal: "causal" if causal else "non-causal",
-        hlines={"fp16 matmul peak": peak}, no_data_text=f"No timed {what} rows in these data.")
+        hlines={"fp16 matmul peak": peak}, no_data_text=f"No timed {what} rows in these data.",
+        height=height)
 
 
 def fig_fwd(c: dict):
@@ -563,4 +564,5 @@ def fig_fwd(c: dict):
 
 
 def fig_train(c: dict):
-    return _attn_fig(c["train"], c["peak16"], "TFLOP/s (3.5× forward FLOPs)", "training")
+    return _attn_fig(c["train"], c["peak16"], "TFLOP/s (3.5× forward FLOPs)", "training",
+                     height=3.0)

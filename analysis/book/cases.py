@@ -69,14 +69,14 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
                 continue  # the headline and the model's cases are the forward's
             u = traffic.softmax_kernels(r.rows, r.width, e, "triton_unfused")
             f = traffic.softmax_kernels(r.rows, r.width, e, "triton_fused")
-            label = f"{r.dtype}, {r.rows} × {r.width}"
+            label = f"{r.dtype}, {r.rows}×{r.width}"
             flops = traffic.softmax_flops(r.rows, r.width)
         elif family == "layernorm":
             if r.direction != "fwd":
                 continue  # the unfused Triton version is a forward
             u = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_unfused")
             f = traffic.layer_norm_kernels(r.rows, r.width, e, "triton_fused")
-            label = f"{r.dtype}, {r.rows} × {r.width}"
+            label = f"{r.dtype}, {r.rows}×{r.width}"
             flops = traffic.layer_norm_flops(r.rows, r.width)
         elif family == "softmax_matmul":
             u = traffic.softmax_matmul_kernels(r.batch, r.d1, r.d2, r.d3, e, "triton_unfused")
@@ -96,12 +96,12 @@ def cases_of(family: str, df: pd.DataFrame) -> list[Case]:
                                                *_fused_method(df, where))
             op_bytes = traffic.total(traffic.matmul_softmax_kernels(r.m, r.k, r.n, e,
                                                                     "triton_fused"))
-            label = f"{r.precision}, {r.m} × {r.k} × {r.n}"
+            label = f"{r.precision}, {r.m}×{r.k}×{r.n}"
             flops = traffic.matmul_softmax_flops(r.m, r.k, r.n)
         else:
             u = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_unfused")
             f = traffic.linear_act_kernels(r.m, r.k, r.n, e, "triton_fused")
-            label = f"{r.precision}, {r.m} × {r.k} × {r.n}, {r.activation}"
+            label = f"{r.precision}, {r.m}×{r.k}×{r.n}, {r.activation}"
             flops = 2 * r.m * r.k * r.n
         out.append(Case(family, label, where, u, f, flops, op_bytes))
     return out

@@ -223,10 +223,11 @@ def md_table(df: pd.DataFrame, floatfmt: str | None = None, index: bool = False)
 
     def width(i, name):
         # Pandoc sizes a wide table's columns by the dashes of this rule: each column by its
-        # longest entry (up to a cap, past which text wraps) and at least its heading's longest
-        # word (headings wrap at spaces), plus the cell's padding.
+        # longest entry (up to a cap, past which text wraps at spaces) and at least its heading's
+        # longest word and its cells' (a shape, 8192×768×50257, never breaks), plus the padding.
         longest = max((len(r[i]) for r in body), default=3)
-        return 3 + max(3, len(max(str(name).split() or [""], key=len)), min(18, longest))
+        word = max((len(w) for r in body for w in r[i].split()), default=3)
+        return 3 + max(3, len(max(str(name).split() or [""], key=len)), word, min(18, longest))
     rule = "|" + "|".join(("-" * width(i, c) + ":") if pd.api.types.is_numeric_dtype(df[c])
                           else (":" + "-" * width(i, c)) for i, c in enumerate(df.columns)) + "|"
     rows = ["| " + " | ".join(r) + " |" for r in body]

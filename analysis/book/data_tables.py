@@ -35,8 +35,8 @@ def precision_label(precision: str) -> str:
 
 
 def _x(*keys: str):
-    """A label "a × b" of the shape columns `keys`."""
-    return lambda r: " × ".join(str(int(r[k])) for k in keys)
+    """A label "a×b" of the shape columns `keys` (no spaces: a shape never breaks across lines)."""
+    return lambda r: "×".join(str(int(r[k])) for k in keys)
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,16 @@ VIEWS = [
          lambda r: D.pow2(r["n"]), PYTORCH + ("triton_unfused", "triton_fused"),
          "Add-mul `(x + y) * z` in float32 with a tensor `z`, against the number of elements n"),
     View("softmax", "softmax", None, dict(dtype="float32"), ("op", "rows", "width"),
-         "pass, rows × width",
+         "pass, rows×width",
          lambda r: ("bwd " if r["op"].endswith("bwd") else "fwd ") + _x("rows", "width")(r),
          PYTORCH + ("triton_unfused", "triton_fused", "liger", "flag_gems"),
          "Softmax forward and backward (the gradient of the input) in float32"),
     View("layernorm", "layernorm", None, dict(dtype="float16"), ("op", "rows", "width"),
-         "pass, rows × width",
+         "pass, rows×width",
          lambda r: ("bwd " if r["op"].endswith("bwd") else "fwd ") + _x("rows", "width")(r),
          PYTORCH + ("triton_unfused", "triton_fused", "liger", "flag_gems"),
-         "LayerNorm forward and backward (input, weight and bias gradients) in float16"),
+         "LayerNorm forward and backward (input, weight and bias gradients) in float16 (the "
+         "unfused Triton version has a forward only)"),
     View("smv", "softmax_matmul", "softmax_matmul", {}, ("precision", "d2"), "precision",
          lambda r: precision_label(r["precision"]),
          PYTORCH + ("triton_unfused", "triton_fused"),
@@ -78,7 +79,7 @@ VIEWS = [
          "and with TF32 products, and in float16, against d2",
          extra={"d2": lambda r: int(r["d2"])}),
     View("attn", "attention", "attention_fwd", dict(head_dim=128),
-         ("causal", "seq", "batch", "heads", "kv_heads"), "batch × seq",
+         ("causal", "seq", "batch", "heads", "kv_heads"), "batch×seq",
          _x("batch", "seq"),
          ("torch_eager", "torch_compile", "triton_fused", "flag_gems", "sdpa_flash", "sdpa_cudnn"),
          "Attention forward in float16, head_dim {head_dim}, against the sequence length",
@@ -88,19 +89,20 @@ VIEWS = [
          lambda r: int(r["head_dim"]),
          ("triton_fused", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
          "Attention forward and backward (one training step's attention) in float16",
-         extra={"batch × seq": _x("batch", "seq"),
+         extra={"batch×seq": _x("batch", "seq"),
                 "causal": lambda r: "yes" if r["causal"] else "no"}),
     View("mms", "matmul_softmax", "matmul_softmax", dict(precision="float16"), ("n", "m", "k"),
-         "m × k × n", _x("m", "k", "n"),
+         "m×k×n", _x("m", "k", "n"),
          PYTORCH + ("cublas", "triton_unfused", "triton_fused"),
-         "Matmul + softmax `softmax(x @ W + b)` in float16 (the cuBLAS column: the matrix "
-         "product alone)"),
+         "Matmul + softmax `softmax(x @ W + b)` in float16, x of m×k and W of k×n (the cuBLAS "
+         "column: the matrix product alone)"),
     View("linear", "linear_act", None, {}, ("op", "precision", "m", "k", "n"),
-         "activation, precision, m × k × n",
+         "activation, precision, m×k×n",
          lambda r: (f"{ACTIVATION[r['op']]} "
                     f"{precision_label(r['precision'])}, {_x('m', 'k', 'n')(r)}"),
          PYTORCH + ("cublas", "cublaslt", "triton_unfused", "triton_fused"),
-         "Linear + activation `act(x @ W + b)` (the cuBLAS column: the matrix product alone; "
+         "Linear + activation `act(x @ W + b)`, x of m×k and W of k×n (the cuBLAS column: the "
+         "matrix product alone; "
          "cuBLASLt: the product with bias and activation in its epilogue)"),
 ]
 # Narrower column heads than data.SHORT_LABEL's where a table has many columns.
@@ -138,24 +140,16 @@ def view_table(df: pd.DataFrame, view: View) -> tuple[pd.DataFrame, str]:
     return table, f"{view.about.format(**view.where)}: {measure} in µs.{rest}"
 
 
-def block_table(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The elementwise block-size sweep at its largest n: TB/s of model bytes (per call) per
-    block size, for both Triton kernels and both kinds of z."""
-    blocks = df[(df["sweep"] == "block") & (df["status"] == "ok")] if len(df) else df
-    blocks = blocks.dropna(subset=["gbps"]) if len(blocks) else blocks
-    if not len(blocks):
-        return pd.DataFrame(), D.lacking("timed block-size sweep of the add-mul kernels")
-    n = blocks["n"].max()
-    big = blocks[blocks["n"] == n]
-    wide = big.pivot_table(index="block", columns=["impl", "z_kind"], values="gbps", aggfunc="max")
-    table = pd.DataFrame({"block": [int(b) for b in wide.index]})
-    for impl, z in wide.columns:
-        table[f"{HEAD.get(impl, impl)}, z {z}"] = wide[(impl, z)].to_numpy() / 1000
-    return table, (f"The Triton add-mul kernels in float32 at n = {D.pow2(n)}, per block size "
-                   "(elements per program): TB/s of model bytes over the per-call median time.")
-
-
 PRECISION_ORDER = ["ieee", "tf32", "float16", "bfloat16"]
+
+
+def captioned(c: dict, key: str) -> str:
+    """A table of `compute` as markdown, numbered (tbl-data-<key>) and captioned by the sentence
+    that says what it holds and how it was timed; where it is empty, that sentence alone."""
+    table, say = c["tables"][key], c["say"][key]
+    if not len(table):
+        return say + "\n"
+    return f"{D.md_table(table)}\n\n: {say} {{#tbl-data-{key}}}\n"
 
 
 def _rank(level: pd.Index) -> pd.Index:
@@ -294,7 +288,6 @@ def compute(folders: list) -> dict:
         if view.op is not None and len(df):
             df = df[df["op"] == view.op]
         tables[view.key], say[view.key] = view_table(df, view)
-    tables["ew-blocks"], say["ew-blocks"] = block_table(frames["elementwise"])
     acc = accuracy(frames)
     tables["accuracy"] = accuracy_display(acc)
     say["accuracy"] = accuracy_gap(acc)

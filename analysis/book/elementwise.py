@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..model import traffic
-from . import data as D
+from . import cases, data as D
 from . import figures
 
 FLAT = 1.5  # device time within this factor of the smallest size's: the launch sets the time
@@ -17,13 +17,6 @@ def model_ratio(z_kind: str) -> float:
     """The traffic model's ceiling on fusion's gain: elements moved unfused over fused."""
     return (traffic.add_mul_bytes(1, 1, z_kind, "triton_unfused")
             / traffic.add_mul_bytes(1, 1, z_kind, "triton_fused"))
-
-
-def traffic_table() -> pd.DataFrame:
-    t = traffic.add_mul_table(1, 1)
-    t = t.assign(moves=t["read_elems"] + t["written_elems"])
-    return t[["z", "variant", "kernel", "read_elems", "written_elems", "moves"]].rename(
-        columns={"read_elems": "reads", "written_elems": "writes", "moves": "total"})
 
 
 def compute(folders: list) -> dict:
@@ -37,24 +30,35 @@ def compute(folders: list) -> dict:
     fp32 = D.timed(df, dtype="float32") if len(df) else df
     if len(fp32):
         fp32 = fp32.assign(tbps=fp32["bytes_model"] / fp32["t_ms"] / 1e9)
-    say = {"model": (f"Fusion removes the write and the re-read of `t`: with a tensor `z` the "
-                     f"unfused pair moves 6 elements per output against 4 fused, so fusion can be "
+    say = {"model": (f"Fusion removes the write of `t = x + y` and its re-read by `t * z`: with "
+                     f"a tensor `z` the unfused pair moves 6 elements per output against 4 fused "
+                     f"(3 reads, 1 write), so fusion can be "
                      f"at most {model_ratio('tensor'):.2f}× faster; with a scalar `z`, 5 against "
                      f"3, at most {model_ratio('scalar'):.2f}×.")}
-    say.update(_large(fp32, stream_bw, copy_bw))
+    n = headline_n(df, fp32)
+    say.update(_large(fp32, n, stream_bw, copy_bw))
     say.update(_small(fp32))
-    say["half"] = _half(rows)
+    say["half"] = _half(rows, n)
     say["blocks"] = _blocks(df)
-    return dict(traffic=traffic_table(), fp32=fp32, copy_bw=copy_bw, stream_bw=stream_bw,
+    return dict(fp32=fp32, copy_bw=copy_bw, stream_bw=stream_bw,
                 say=say)
 
 
-def _large(fp32: pd.DataFrame, stream_bw: float, copy_bw: float) -> dict:
-    """At the largest size with a tensor z: fused against every other version, and the model."""
+def headline_n(df: pd.DataFrame, fp32: pd.DataFrame):
+    """The size the chapter centres on: the family's headline case (the findings' table reads
+    the same one), else the largest float32 size with a tensor z."""
+    case = cases.headline("elementwise", df) if len(df) else None
+    if case is not None and case.where["dtype"] == "float32" and case.where["z_kind"] == "tensor":
+        return case.where["n"]
     tensor = fp32[fp32["z_kind"] == "tensor"] if len(fp32) else fp32
-    if not len(tensor):
+    return tensor["n"].max() if len(tensor) else None
+
+
+def _large(fp32: pd.DataFrame, n, stream_bw: float, copy_bw: float) -> dict:
+    """At the headline size with a tensor z: fused against every other version, and the model."""
+    tensor = fp32[fp32["z_kind"] == "tensor"] if len(fp32) else fp32
+    if not len(tensor) or n is None:
         return {"large": D.lacking("timed float32 add-mul rows")}
-    n = tensor["n"].max()
     t = D.times(tensor[tensor["n"] == n])
     if "triton_fused" not in t:
         return {"large": D.lacking(f"timed fused kernel at n = {D.pow2(n)}")}
@@ -82,8 +86,8 @@ def _large(fp32: pd.DataFrame, stream_bw: float, copy_bw: float) -> dict:
     gbps = tensor[(tensor["n"] == n) & (tensor["impl"] == "triton_fused")]["tbps"].max() * 1000
     if stream_bw == stream_bw:
         parts.append(f"The fused kernel moves {D.tbps(gbps)}, {100 * gbps / stream_bw:.0f}% of "
-                     f"what `torch.addcmul` (the same three reads and one write) moves on this "
-                     f"machine ({D.tbps(stream_bw)}; a plain copy: {D.tbps(copy_bw)}).")
+                     f"what `torch.addcmul` moves on this machine ({D.tbps(stream_bw)}; a plain copy: "
+                     f"{D.tbps(copy_bw)}).")
     return {"large": " ".join(parts)}
 
 
@@ -106,11 +110,11 @@ def _small(fp32: pd.DataFrame) -> dict:
                      f"its bytes, sets the time.{pair}"}
 
 
-def _half(rows: pd.DataFrame) -> str:
+def _half(rows: pd.DataFrame, n) -> str:
     half = rows[(rows["dtype"] != "float32") & (rows["z_kind"] == "tensor")] if len(rows) else rows
     if not len(half):
         return D.lacking("half-precision add-mul rows")
-    n = half["n"].max()
+    n = n if n in set(half["n"]) else half["n"].max()
     out = []
     for dtype, g in half[half["n"] == n].groupby("dtype"):
         t = D.times(g)
@@ -139,7 +143,7 @@ def _blocks(df: pd.DataFrame) -> str:
     return ("The block size hardly matters for a streaming kernel: at "
             f"n = {D.pow2(big['n'].max())} "
             f"every block from 256 elements up lands within {100 * max(spreads):.1f}% of the best, "
-            "in both Triton kernels and with either kind of `z` (@sec-data has the sweep).")
+            "in both Triton kernels and with either kind of `z`.")
 
 
 def fig_bandwidth(c: dict):
@@ -149,4 +153,4 @@ def fig_bandwidth(c: dict):
         logy=False, panel_title=lambda z: f"z a {z}",
         hlines={"torch.addcmul (3 reads, 1 write)": c["stream_bw"] / 1000,
                 "copy": c["copy_bw"] / 1000},
-        no_data_text="No timed float32 add-mul rows in these data.")
+        no_data_text="No timed float32 add-mul rows in these data.", height=2.8)

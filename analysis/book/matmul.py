@@ -79,10 +79,10 @@ def traffic_table(bw: float, peak: float) -> pd.DataFrame:
     rows = []
     for name, logits, impl, method in [
             ("unfused pair", "written, read back", "triton_unfused", None),
-            ("tiled", "kept on chip (C ≤ 512)", "triton_fused", "tiled"),
-            ("online", "recomputed (2× FLOPs)", "triton_fused", "online"),
-            ("two_pass_store", "in the output, rewritten", "triton_fused", "two_pass_store"),
-            ("store_softmax", "as the unfused pair", "triton_fused", "store_softmax"),
+            ("`tiled`", "kept on chip (C ≤ 512)", "triton_fused", "tiled"),
+            ("`online`", "recomputed (2× FLOPs)", "triton_fused", "online"),
+            ("`two_pass_store`", "in the output, rewritten", "triton_fused", "two_pass_store"),
+            ("`store_softmax`", "as the unfused pair", "triton_fused", "store_softmax"),
             ("cuBLAS alone", "no softmax", "cublas", None)]:
         row = {"method": name, "logits": logits}
         for tag, shape, unit, per, time, scale in (("A", MEMORY_BOUND, "MB", 1e6, "µs", 1e3),
@@ -384,7 +384,7 @@ def _meaning(half, head, mo: dict) -> str:
         parts.append(
             f"The round trip of a half-precision output costs as much as a matmul with "
             f"K = {mo['k_even']:.0f}: at the vocabulary head's K = {VOCAB[1]} it is still "
-            f"{100 * mo['vocab_share']:.0f}% of the model's time, but the logits do not fit on "
+            f"{100 * mo['vocab_share']:.0f}% of the traffic model's time, but the logits do not fit on "
             "chip and recomputing them costs more" + (
                 f"; after a linear layer with K = {head[0][1]}, fusing the GELU saves "
                 f"{100 * (lt['triton_unfused'] / lt['triton_fused'] - 1):.1f}% against a "

@@ -1,6 +1,9 @@
 """GPT-2 small trained with the project's ops (analysis/bench/model_check.py): the across-families
-chapter's section "In a model", from model_check.csv, model_train.csv and model_ops.csv."""
+chapter's section "In a model", from model_check.csv and model_train.csv, and the host's cost
+of forward + backward at tiny sizes from launch_cost.csv."""
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 
@@ -39,21 +42,21 @@ def _table(t: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _split(folder, t: pd.DataFrame) -> pd.DataFrame:
-    """GPU ms per step by kind of kernel (rows) and variant (columns)."""
-    ops = D.load_csv(folder, "model_ops")
-    if not len(ops):
-        return pd.DataFrame()
-    s = ops.pivot_table(index="kind", columns="impl", values="gpu_ms", aggfunc="sum")
-    s = s[[i for i in t.index if i in s]].fillna(0.0)
-    s = s.loc[s.max(axis=1).sort_values(ascending=False).index]
-    return pd.DataFrame({"kernels": s.index, **{VARIANTS[i]: [f"{v:.1f}" for v in s[i]]
-                                                for i in s}})
-
-
-HOST_IMPLS = {"torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
-              "public": "ours (kernels.*)",
+HOST_IMPLS = {"torch_eager": "eager", "torch_compile": "torch.compile", "public": "ours",
               "python_floor": "empty autograd.Function"}
+# The launch-cost rows' ops (their first word) and shapes ("8x1024", "64x64x64 gelu_tanh") as the
+# book names them.
+HOST_OPS = {"layer_norm": "LayerNorm", "softmax": "softmax", "attention": "attention",
+            "linear_act": "linear + GELU"}
+
+
+def _op_name(op: str) -> str:
+    word = op.split()[0]
+    return HOST_OPS.get(word, word.replace("_", " "))
+
+
+def _shape_name(shape: str) -> str:
+    return re.sub(r"(?<=\d)x(?=\d)", "×", str(shape)).replace(" gelu_tanh", "")
 
 
 def _host(folder) -> pd.DataFrame:
@@ -66,8 +69,8 @@ def _host(folder) -> pd.DataFrame:
         return pd.DataFrame()
     t = ok.pivot_table(index=["op", "shape"], columns="impl", values="host_us", sort=False)
     t = t[[i for i in HOST_IMPLS if i in t]]
-    return pd.DataFrame({"op, forward + backward": [f"{op.split()[0]} {shape}" for op, shape
-                                                    in t.index],
+    return pd.DataFrame({"op, forward + backward": [f"{_op_name(op)} {_shape_name(shape)}"
+                                                    for op, shape in t.index],
                          **{HOST_IMPLS[i]: [f"{v:.0f}" if v == v else "" for v in t[i]]
                             for i in t}})
 
@@ -84,7 +87,7 @@ def _floor_sentence(folder) -> str:
     if not len(t):
         return ""
     share = t["python_floor"] / t["torch_eager"]
-    shares = ", ".join(f"{op.split()[0]} {v:.0%}" for op, v in share.items())
+    shares = ", ".join(f"{_op_name(op)} {v:.0%}" for op, v in share.items())
     return (f"An autograd.Function that launches nothing, called as our ops are, costs {shares} "
             "of eager's whole forward + backward: what eager pays too (torch.autograd.grad's own "
             "work, the engine's hand-off to its device thread), and a Python forward and backward "
@@ -92,7 +95,7 @@ def _floor_sentence(folder) -> str:
             f"{D.range_text((t['torch_eager'] - t['python_floor']).min(), (t['torch_eager'] - t['python_floor']).max(), '.0f')}"
             " µs that eager's op costs above that floor; ours take "
             f"{D.range_text((t['public'] - t['python_floor']).min(), (t['public'] - t['python_floor']).max(), '.0f')}"
-            " µs. A model hides the host's time behind the GPU's where its kernels are large "
+            " µs. In a model the GPU's time hides the host's where the kernels are large "
             "enough (GPT-2 above).\n\n")
 
 
@@ -103,7 +106,7 @@ def _checks(folder) -> str:
     one = c[(c["kind"] == "check") & c["check"].astype(str).str.startswith("fwd+bwd")]
     parts = []
     if len(one):
-        parts.append(f"Against a float32 run, the model with our ops passes "
+        parts.append(f"Against a float32 run, GPT-2 with our ops passes "
                      f"{one['passed'].astype(str).eq('True').sum()} of {len(one)} checks of its "
                      "outputs and gradients (at most twice the error of PyTorch's own bf16 run).")
     train = D.load_csv(folder, "model_train")
@@ -132,7 +135,7 @@ def _sentence(t: pd.DataFrame) -> str:
                      "tokens/s.")
     if {"torch_compile_triton_head", "torch_compile"} <= set(tps.index):
         parts.append(f"Under torch.compile, which removes most of the host's time, our fused LM "
-                     f"head and loss alone take the model from {tps['torch_compile'] / 1e3:,.0f}k "
+                     f"head and loss alone take GPT-2 from {tps['torch_compile'] / 1e3:,.0f}k "
                      f"to {tps['torch_compile_triton_head'] / 1e3:,.0f}k tokens/s "
                      f"({tps['torch_compile_triton_head'] / tps['torch_compile']:.2f}×)")
         if "peak_mib" in t:
@@ -170,8 +173,9 @@ def training(folder) -> pd.DataFrame:
     t = r.pivot_table(index=["op", "dtype", "rows", "width"], columns="impl", values="ms_median",
                       sort=False)
     t = t[[i for i in TRAINING_IMPLS if i in t]]
-    out = pd.DataFrame({"op, forward + backward": [f"{TRAINING_OPS.get(op, op)} {dtype} "
-                                                   f"{rows:,} × {width:,}"
+    out = pd.DataFrame({"op, forward + backward": [f"{TRAINING_OPS.get(op, op)} "
+                                                   f"{D.SHORT_DTYPE.get(dtype, dtype)} "
+                                                   f"{rows}×{width}"
                                                    for op, dtype, rows, width in t.index]})
     for impl in t:
         out[TRAINING_IMPLS[impl]] = [f"{v:.3f}" if v == v else "" for v in t[impl]]
@@ -203,7 +207,7 @@ def compute(folders: list) -> dict:
     swapped = (", ".join(OPS[o] for o in OPS if o in str(ops).split()) if isinstance(ops, str)
                else "ops")  # the references' older runs did not record which
     b, s = int(t["batch"].iloc[0]), int(t["seq"].iloc[0])
-    split, host = _split(folder, t), _host(folder)
+    host = _host(folder)
     section = (
         HEADING +
         f"Hugging Face's GPT-2 small (random weights), one forward and backward of {b} × {s:,} "
@@ -212,11 +216,8 @@ def compute(folders: list) -> dict:
         + _checks(folder) + "\n\n"
         + D.md_table(_table(t)) + "\n\n: GPT-2 small trained with PyTorch's ops and with ours, "
         "eager and under torch.compile. {#tbl-model-gpt2}\n\n"
-        + (D.md_table(split) + "\n\n: The GPU's time per training step by kind of kernel (ms, "
-           "the profiler's kernel durations grouped by kernel name). {#tbl-model-split}\n\n"
-           if len(split) else "")
         + (D.md_table(host) + "\n\n: Where the host's time goes: µs of host time per forward + "
            "backward call at tiny sizes (back-to-back calls). {#tbl-model-host}\n\n"
            + _floor_sentence(folder) if len(host) else "")
         + _training_text(folder))
-    return {"say": {"section": section}, "table": _table(t), "split": split}
+    return {"say": {"section": section}, "table": _table(t)}

@@ -355,7 +355,7 @@ def _per_call(bwd: pd.DataFrame) -> str:
         text += (f" (at {int(worst['width'])}: {1e3 * worst['fused']:.0f} µs a call against "
                  f"{1e3 * worst['best_ms']:.0f} µs for {D.IMPL_LABEL.get(worst['best'])}): the "
                  "Python path that launches its two kernels outlasts their GPU time")
-    return (text + ". In a CUDA graph or a compiled model only the device time counts; "
+    return (text + ". In a CUDA graph or under torch.compile only the device time counts; "
             "@sec-across measures the per-call cost of every op.")
 
 
@@ -375,7 +375,7 @@ def user_shapes(sm: pd.DataFrame, smb: pd.DataFrame, ln: pd.DataFrame) -> pd.Dat
             others = {k: v for k, v in times.items() if k not in OURS}
             if "triton_fused" in times and others:
                 best = min(others, key=others.get)
-                shape = f"{D.SHORT_DTYPE.get(dtype, dtype)} {int(rows)} × {int(width)}"
+                shape = f"{D.SHORT_DTYPE.get(dtype, dtype)} {int(rows)}×{int(width)}"
                 out.append(dict(op=name, direction="bwd" if "bwd" in op else "fwd", shape=shape,
                                 rows=int(rows), width=int(width), ours=times["triton_fused"],
                                 best=best, best_ms=others[best]))

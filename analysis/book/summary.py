@@ -37,11 +37,9 @@ def _data_line(folder, frames) -> str:
     if not len(rows) or not rows["ms_median"].notna().any():
         return ("These data hold no GPU timings (a run on the CPU checks correctness only), so the "
                 "findings below say what is missing.")
-    dates = rows["started_at"].astype(str).str[:10]
-    when = dates.max() if dates.min() == dates.max() else f"{dates.min()} to {dates.max()}"
-    return (f"Measured on an {D.gpu_label(D.gpu_of(folder))} ({when}; PyTorch "
-            f"{rows['torch'].iloc[0]}, Triton {rows['triton'].iloc[0]}); @sec-reproducibility "
-            "says how to measure your own.")
+    return (f"Measured on an {D.gpu_label(D.gpu_of(folder))} (PyTorch {rows['torch'].iloc[0]}, "
+            f"Triton {rows['triton'].iloc[0]}); @sec-reproducibility says when, and how to "
+            "measure your own.")
 
 
 def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
@@ -74,7 +72,7 @@ def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
-    """The headline table as the page shows it: six short columns."""
+    """The headline table as the page shows it: seven short columns."""
     if not len(table):
         return table
 
@@ -87,7 +85,8 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         return f"{D.num(r.peak_eager)} → {D.num(r.peak_fused)}"
 
     return pd.DataFrame({
-        "family, headline case": [f"{r.family}: {r.case}" for r in table.itertuples()],
+        "family": table["family"],
+        "headline case": table["case"],
         "model speedup": table["predicted"].map(x),
         "measured": table["measured"].map(x),
         "fastest other": [D.SHORT_LABEL.get(b, b) if isinstance(b, str) else "—"

@@ -310,7 +310,7 @@ def test_training_table_reads_the_training_rows(tmp_path):
     assert set(t["speedup"]) == {"2.00×"} and t.iloc[0]["ours"] == "0.100"
 
 
-def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
+def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path):
     """The attention chapter's Gluon subsection: on a folder that predates the kernel sweep (the
     H100 reference without its rows forced to each kernel) no table and one sentence that says
     so; with the sweep's rows (made up here from the tuned rows' times), the table of TFLOP/s per
@@ -329,7 +329,7 @@ def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
     assert not len(c["gluon"]) and c["say"]["gluon"] == attention.PREDATES_GLUON
     made = run_chapter(qmd, tmp_path)
     assert attention.PREDATES_GLUON in made["inline"]
-    assert "tbl-attn-gluon" not in capsys.readouterr().out
+    assert "tbl-attn-gluon" not in "".join(made["printed"])
 
     tuned = df[(df["op"] == "attention_fwd") & (df["impl"] == "triton_fused")
                & (df["sweep"] == "size") & (df["seq"] == 4096) & df["head_dim"].isin([64, 128])]
@@ -383,7 +383,7 @@ def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
         "runs at its speed there. At head_dim 64 (causal) its row failed (wrong_result).")
     made = run_chapter(qmd, tmp_path)
     assert say in made["inline"] and attention.PREDATES_GLUON not in made["inline"]
-    printed = capsys.readouterr().out
+    printed = "".join(made["printed"])
     assert "| head_dim | causal | Gluon |" in printed and "{#tbl-attn-gluon}" in printed
 
 

@@ -427,7 +427,7 @@ def _meaning(st_fwd: pd.DataFrame, lnh: pd.DataFrame, widest) -> dict:
     ln_fwd, ln_bwd = (standing(lnh[lnh["direction"] == d] if len(lnh) else lnh)
                       for d in ("fwd", "bwd"))
     # At toy sizes no claim of what the bytes predict, nor of distances to the copy bandwidth.
-    toy = D.toy(pd.concat([st_fwd["fused"], ln_fwd["fused"]]).max())
+    toy = D.toy(max(st_fwd["fused"].max(), ln_fwd["fused"].max() if len(ln_fwd) else 0))
     sm_u, ln_u = _faster(st_fwd, "unfused"), _faster(ln_fwd, "unfused")
     parts = [f"Against the same work as separate Triton kernels, fusing a reduction pays about "
              f"what the bytes it saves predict: {sm_u} for the softmax (the model's ceiling: "

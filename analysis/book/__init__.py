@@ -29,7 +29,10 @@ class Chapter(dict):
     def say(self, key: str) -> "data.Markdown":
         # "GPT-2's": typst prints any quote after a digit as a prime (′), but not the modifier
         # letter apostrophe (U+02BC), which looks the same.
-        return data.Markdown(re.sub(r"(\d)['’]s\b", "\\1\u02bcs", self["say"][key]))
+        text = self["say"][key]
+        if not text.strip():  # a sentence the data do not support: Quarto would print the source
+            return data.Markdown(data.NOTHING)  # of an empty inline value
+        return data.Markdown(re.sub(r"(\d)['’]s\b", "\\1\u02bcs", text))
 
 
 def _fingerprint(name: str, folders: list[Path]) -> str:
@@ -45,18 +48,25 @@ def _fingerprint(name: str, folders: list[Path]) -> str:
     return h.hexdigest()[:24]
 
 
+def _computed(module, folders: list[Path]) -> Chapter:
+    values = Chapter(module.compute(folders))
+    # What its sentences lack, said once: `c.say("lacks")`, one line (empty: nothing lacks).
+    values["say"]["lacks"] = data.lacks_line(values["say"].values(), folders[0])
+    return values
+
+
 def chapter(name: str, results=None) -> Chapter:
     """The values of chapter `name` (a module of this package) for the render's results folders
     (`results`, else $FUSION_RESULTS, else the committed references)."""
     folders = data.results_dirs(results)
     module = importlib.import_module(f"{__name__}.{name}")
     if not CACHE:
-        return Chapter(module.compute(folders))
+        return _computed(module, folders)
     path = CACHE_DIR / f"{name}-{_fingerprint(name, folders)}.pkl"
     if path.exists():
         with open(path, "rb") as f:
             return pickle.load(f)
-    values = Chapter(module.compute(folders))
+    values = _computed(module, folders)
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with open(tmp, "wb") as f:

@@ -46,14 +46,25 @@ def compute(folders: list) -> dict:
     kernels = _kernel_rates(fwd, fwd_t)
     say["gluon"] = _gluon_sentence(kernels)
     decode = _decode_table(dec_t)
-    say.update(train=_train_sentence(train_t), decode=_decode_sentence(dec_t, decode, limits))
+    toy = D.toy(fwd_t[fwd_t["impl"] == "triton_fused"]["t_ms"].max() if len(fwd_t) else NAN)
+    say.update(train=_train_sentence(train_t, toy), decode=_decode_sentence(dec_t, decode, limits))
     say.update(_meaning(smm_t, fwd_t, folder))
     head = (lambda df: df[df["head_dim"] == _pick(df["head_dim"], HEAD_DIM)] if len(df) else df)
     peak = (lambda df, p: C.peak_of(limits, p, D.runs_of(df)) if len(df) else NAN)
     return dict(traffic=table, smm=smm_t, fwd=head(fwd_t), train=head(train_t),
                 smm_peaks={p: peak(smm, p) for p in ("ieee", "tf32")},
                 peak16=peak(fwd, "float16"), decode=_decode_display(decode),
-                gluon=_kernel_display(kernels), say=say)
+                gluon=_kernel_display(kernels), say=say, behind_cudnn=_behind_cudnn(fwd_t))
+
+
+def _behind_cudnn(fwd: pd.DataFrame) -> bool:
+    """Whether the chapter's why (ours beats FlashAttention-2 and trails cuDNN: a schedule) fits
+    the data: at the chapter's head size, past toy sizes, the median speedups say so."""
+    cudnn, fa2 = (_vs(fwd, HEAD_DIM, i) if len(fwd) else pd.Series(dtype=float)
+                  for i in ("sdpa_cudnn", "sdpa_flash"))
+    fused = fwd[fwd["impl"] == "triton_fused"]["t_ms"].max() if len(fwd) else NAN
+    return bool(len(cudnn) and len(fa2) and cudnn.median() < 1 < fa2.median()
+                and not D.toy(fused))
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -131,6 +142,10 @@ def _smm_at(rows: pd.DataFrame, precision: str):
     return d2, (D.times(sel[sel["d2"] == d2]) if len(sel) else {})
 
 
+def _ms(ms: float) -> str:  # a time with its digits: "7.13 ms", "9.44 µs"
+    return f"{ms:.2f} ms" if ms >= 0.1 else f"{D.num(1000 * ms)} µs"
+
+
 def _smm_vs(rows: pd.DataFrame, precision: str) -> str:
     """The fused kernel against the fastest other version, and the unfused pair against it."""
     d2, t = _smm_at(rows, precision)
@@ -140,7 +155,7 @@ def _smm_vs(rows: pd.DataFrame, precision: str) -> str:
                          "and PyTorch")
     ratio = t["triton_fused"] / t[best]
     return (f"In {PRECISION_LABEL[precision]} at d2 = {d2:,} the fused kernel takes "
-            f"{t['triton_fused']:.2f} ms of device time against {t[best]:.2f} ms for "
+            f"{_ms(t['triton_fused'])} of device time against {_ms(t[best])} for "
             f"{D.IMPL_LABEL[best]}, the fastest other version: "
             + f"a speedup of {1 / ratio:.2f}×"
             + (f"; the same computation as two Triton kernels takes "
@@ -188,6 +203,9 @@ def _smm_sentences(smm: pd.DataFrame, rows: pd.DataFrame, table: pd.DataFrame) -
         + (f", torch.compile {peaks['torch_compile']:,.0f}" if "torch_compile" in peaks else "")
         + ": they hold P." if {"triton_fused", "torch_eager"} <= set(peaks.index) else
         D.lacking(f"peak memory of the fused kernel and eager at d2 = {d2}"))
+    if D.toy(rows[rows["impl"] == "triton_fused"]["t_ms"].max()):
+        # Toy sizes: P's bytes against the FLOPs, cuBLAS's speed, memory: all a launch's.
+        say.update(smm_model="", smm_why="", smm_memory="")
     return say
 
 
@@ -252,6 +270,9 @@ def _fwd_sentences(fwd: pd.DataFrame, rows: pd.DataFrame) -> dict:
         f"{traffic.attention_flops(b, h, n, hd, False) / 1e9:,.0f} GFLOP: fused, attention is "
         "bound by the tensor cores, not by memory."))
     at = rows[(rows["head_dim"] == hd) & (rows["seq"] == n)]
+    toy = D.toy(at[(at["impl"] == "triton_fused") & ~at["causal"].astype(bool)]["t_ms"].min())
+    if toy:  # a toy size: its rates, bytes and memory are a launch's, not attention's
+        say["attn_model"] = ""
     rate = {c: at[at["causal"] == c].groupby("impl")["tflops_t"].max() for c in (False, True)}
     if all("triton_fused" in rate[c] for c in rate):
         def pair(impl):
@@ -263,8 +284,9 @@ def _fwd_sentences(fwd: pd.DataFrame, rows: pd.DataFrame) -> dict:
         sweep = [_vs_text(v, w) for v, w in ((_vs(rows, hd, "sdpa_cudnn"), "cuDNN's"),
                                              (_vs(rows, hd, "sdpa_flash"), "FlashAttention-2's"))
                  if len(v)]
-        say["attn_fwd"] = (", ".join(parts) + "." + (f" Over the whole head_dim-{hd} sweep it "
-                           "runs at " + ", and ".join(sweep) + "." if sweep else ""))
+        say["attn_fwd"] = ("" if toy else ", ".join(parts) + ". ") + (
+            f"Over the whole head_dim-{hd} sweep it runs at " + ", and ".join(sweep) + "."
+            if sweep else "")
     else:
         say["attn_fwd"] = D.lacking(f"fused attention rows at head_dim {hd}, {n} tokens")
     dims = [f"at head_dim {d}, {D.ratio_range(c)} cuDNN's speed and "
@@ -274,8 +296,8 @@ def _fwd_sentences(fwd: pd.DataFrame, rows: pd.DataFrame) -> dict:
             if len(c) and len(f)]
     say["attn_dims"] = ("Over the other head sizes it runs " + "; ".join(dims) + "." if dims else
                         D.lacking("other head sizes with the fused kernel, cuDNN and FA2 timed"))
-    say["attn_compile"] = _compile_sentence(at, hd, n)
-    say["attn_memory"] = _attn_memory(rows, at, hd, n)
+    say["attn_compile"] = "" if toy else _compile_sentence(at, hd, n)
+    say["attn_memory"] = "" if toy else _attn_memory(rows, at, hd, n)
     return say
 
 
@@ -413,7 +435,7 @@ def _gluon_sentence(t: pd.DataFrame) -> str:
 
 # --- forward + backward, decoding, what it means ------------------------------
 
-def _train_sentence(rows: pd.DataFrame) -> str:
+def _train_sentence(rows: pd.DataFrame, toy: bool) -> str:
     if not len(rows):
         return D.lacking("timed attention forward + backward rows")
     hd = _pick(rows["head_dim"], HEAD_DIM)
@@ -425,8 +447,10 @@ def _train_sentence(rows: pd.DataFrame) -> str:
         return D.lacking("forward + backward rows of the fused kernels and SDPA")
     kind, short = "device time" if rows["device"].all() else "time per call", rows["t_ms"].min()
     return ("Forward and backward together run, over the sweep, " + "; ".join(parts) + ". The "
-            f"shortest call takes {short:.2f} ms ({kind})" + (": launches do not weigh." if short
-                                                              >= 0.05 else ": launches may count."))
+            f"shortest call takes {short:.2f} ms ({kind})" + (
+                # At toy sizes (the forward's kernels under D.SMALL_MS) a call is its host path.
+                "." if toy else ": launches do not weigh." if short >= 0.05
+                else ": launches may count."))
 
 
 def _decode_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -470,12 +494,13 @@ def _decode_sentence(rows, table, limits) -> str:
            + _vs_text(r, "the fastest SDPA backend's") + ", mostly against "
            f"{D.IMPL_LABEL[table['best'].mode().iloc[0]]}. The lowest ratio is at batch {at[0]}, "
            f"{at[1]} query heads on {at[2]} K/V heads and {at[3]:,} cached keys, a read of "
-           f"{read[at] / 1e6:.0f} MB" + (": the smallest of the grid, where the second kernel, "
-                                         "which merges the chunks, weighs the most."
-                                         if read.idxmin() == at else "."))
+           + (f"{read[at] / 1e6:.0f}" if read[at] >= 1e6 else D.num(read[at] / 1e6)) + " MB"
+           + (": the smallest of the grid, where the second kernel, which merges the chunks, "
+              "weighs the most." if read.idxmin() == at else "."))
     copy = D.limit(limits, "copy_bw", run_id=D.runs_of(rows))
     top = table["triton_fused"].max() if "triton_fused" in table else NAN
-    if copy == copy and top == top:
+    fastest = rows[rows["impl"] == "triton_fused"]["t_ms"].max()
+    if copy == copy and top == top and not D.toy(fastest):  # no bandwidth of a toy size
         out += (f" The best reaches {D.tbps(top)}, {100 * top / copy:.0f}% of the measured copy "
                 f"bandwidth ({D.tbps(copy)})" + ("; a stream that only reads can pass a copy, "
                                                   "which reads and writes." if top > copy else "."))
@@ -484,12 +509,15 @@ def _decode_sentence(rows, table, limits) -> str:
 
 def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
     both = pd.concat([smm, fwd])
+    fused = both[both["impl"] == "triton_fused"]["t_ms"].max() if len(both) else NAN
     peaks = both.groupby("impl")["peak_mib"].max().dropna() if len(both) else pd.Series()
     memory = (f"Fused with the online softmax, neither problem ever stores its quadratic matrix: "
               f"the fused kernels' peak memory stays at their output, at most "
               f"{peaks['triton_fused']:,.0f} MiB, where the eager versions reach "
               f"{peaks['torch_eager'] / 1024:.1f} GiB." if {"triton_fused", "torch_eager"}
               <= set(peaks.index) else D.lacking("peak memory of the fused kernels and eager"))
+    if D.toy(fused):  # toy sizes: their memory and what sets their time are a launch's
+        memory = ""
     cudnn, fa2 = (_vs(fwd, HEAD_DIM, i) if len(fwd) else pd.Series(dtype=float)
                   for i in ("sdpa_cudnn", "sdpa_flash"))
     t = _smm_at(smm, "ieee")[1]
@@ -506,16 +534,18 @@ def _meaning(smm: pd.DataFrame, fwd: pd.DataFrame, folder) -> dict:
             "calls cuBLAS for the product." if len(cudnn) and len(fa2)
             and best and "triton_fused" in t else
             D.lacking("fused, cuDNN and FA2 attention rows and IEEE softmax(X) @ V rows"))
+    time = "" if D.toy(fused) else time
     timing = model_timings(folder)
     t = fwd[fwd["impl"].isin(SDPA)].pivot_table(index=["head_dim", "seq", "causal"], columns="impl",
                                                 values="t_ms", aggfunc="min") if len(fwd) else fwd
     whom = ("For attention in a model, call `F.scaled_dot_product_attention`" + (
-        f" with its {D.SHORT_LABEL[t.idxmin(axis=1).mode().iloc[0]]} backend, the fastest here,"
+        f" with its {D.SHORT_LABEL[t.idxmin(axis=1).mode().iloc[0]]} backend, the fastest here"
         if len(t) else ""))
     if {"torch_compile", "torch_eager"} <= set(timing.index):
         tps = timing["tokens_per_s"]
-        whom += (f" and compile the network around it (torch.compile ran GPT-2 at "
-                 f"{tps['torch_compile'] / tps['torch_eager']:.1f}× eager's tokens/s)")
+        whom += ("," if len(t) else "") + (
+            " and compile the network around it (torch.compile ran GPT-2 at "
+            f"{tps['torch_compile'] / tps['torch_eager']:.1f}× eager's tokens/s)")
     t = _smm_at(smm, "float16")[1]
     wins = "triton_fused" in t and t["triton_fused"] == min(t.values())
     return dict(meaning_memory=memory, meaning_time=time, meaning_whom=whom + (

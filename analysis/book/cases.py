@@ -209,7 +209,7 @@ def roofline_points(frames: dict[str, pd.DataFrame], limits: pd.DataFrame) -> pd
             # Each row against its own run's limits (a family's parts may come from two runs).
             rows.append(dict(family=FAMILIES[family].findings_label, precision=r.precision,
                              intensity=r.flops_model / r.bytes_model,
-                             tflops=r.flops_model / r.t / 1e9,
+                             tflops=r.flops_model / r.t / 1e9, fused_ms=r.t,
                              copy_gbps=R.limit(limits, "copy_bw", run_id=r.run_id),
                              peak=peak_of(limits, r.precision, r.run_id)))
     return pd.DataFrame(rows)

@@ -309,9 +309,79 @@ def timed(df: pd.DataFrame, sweep: str = "size", **where) -> pd.DataFrame:
     return sel[sel["t_ms"].notna()]
 
 
-def lacking(what: str) -> str:
-    """The sentence a chapter prints where its data lack what a finding needs."""
-    return f"These data hold no {what}, so this finding is not available here."
+class Lack(str):
+    """What a finding needs and the data lack. It prints as nothing: a folder that lacks a family
+    would otherwise say so in every sentence; the chapter names its lacks once (`lacks_line`) and
+    the findings' banner names the folder's (summary.banner)."""
+
+    def __new__(cls, what: str):
+        self = super().__new__(cls, "")
+        self.what = what
+        return self
+
+    def __reduce__(self):  # the chapter cache pickles it
+        return Lack, (self.what,)
+
+
+# An inline value that renders as nothing in HTML and PDF alike (Quarto shows the source of an
+# empty one).
+NOTHING = "<!-- -->"
+
+
+def lacking(what: str) -> Lack:
+    """Where a chapter's data lack what a finding needs: no sentence, a note of what is missing."""
+    return Lack(what)
+
+
+def lacks_line(says, folder) -> str:
+    """A chapter's one line on what its data lack (empty where they lack nothing it needs)."""
+    whats = list(dict.fromkeys(s.what for s in says if isinstance(s, Lack)))
+    if not whats:
+        return ""
+    if not gpu_timed(folder):
+        return ("*Not in these data: GPU timings (a run on the CPU checks correctness only), which "
+                "the findings of this chapter need.*")
+    if len(whats) > 3:  # a missing family takes many findings: the banner names it
+        return (f"*These data lack what {len(whats)} of this chapter's findings need "
+                f"(@sec-findings says what the folder lacks), among them: "
+                + "; ".join(whats[:3]) + ".*")
+    return "*Not in these data, so not said here: " + "; ".join(whats) + ".*"
+
+
+def gpu_timed(folder) -> bool:
+    """Whether a folder's runs timed anything: a run on the CPU (Triton's interpreter) does not."""
+    return not gpu_of(folder).startswith("cpu")
+
+
+# Below this much device time per call, a kernel's fixed costs (its launch, the clocks' ramp, a
+# partial wave of programs) outweigh its bytes and FLOPs: a case this small is decided by them
+# (verdict's "small" regime), and the book makes no bandwidth, compute-bound or launch-free
+# claim about it. A smoke run's toy sizes all fall below it.
+SMALL_MS = 0.02
+
+
+def toy(ms) -> bool:
+    """Whether a fused call of `ms` (device time) is too small for a bandwidth or compute claim."""
+    return missing(ms) or ms < SMALL_MS
+
+
+# The files of the steps a bench runs after its sweep (analysis/bench/steps.py's TAIL_STEPS;
+# the book does not import the bench) and of its profile, as the banner names them.
+TAIL_FILES = {"seed002.parquet": "the second seed of softmax(X) @ V",
+              "launch_cost.csv": "the launch costs", "model_check.csv": "the GPT-2 check"}
+PROFILE_FILE = "profile.parquet"
+
+
+def stopped_runs(folder) -> pd.DataFrame:
+    """The runs of a folder that did not finish and that no later run (a --resume) finished: a
+    bench stopped part way (its status "running" or "stopped"), or one still running."""
+    path = Path(folder) / "runs.parquet"
+    if not path.exists():
+        return pd.DataFrame()
+    runs = pd.read_parquet(path)
+    done = runs[runs["status"] == "finished"]["started_at"].astype(str)
+    last = done.max() if len(done) else ""
+    return runs[(runs["status"] != "finished") & (runs["started_at"].astype(str) > last)]
 
 
 def times(rows: pd.DataFrame) -> dict:

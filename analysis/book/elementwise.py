@@ -66,7 +66,9 @@ def _large(fp32: pd.DataFrame, n, stream_bw: float, copy_bw: float) -> dict:
     parts = []
     if "triton_unfused" in t:
         gain, ceiling = t["triton_unfused"] / fused, model_ratio("tensor")
-        meaning = ("fusion buys what the bytes say and no more" if gain >= 0.9 * ceiling else
+        meaning = ("at this size a kernel's fixed cost, not its bytes, sets both times"
+                   if D.toy(fused) else
+                   "fusion buys what the bytes say and no more" if gain >= 0.9 * ceiling else
                    "short of the bytes' ratio: at this size a kernel's fixed cost is still a "
                    "large part of its time")
         parts.append(f"At n = {D.pow2(n)} (float32, tensor `z`), the fused kernel is "
@@ -84,7 +86,7 @@ def _large(fp32: pd.DataFrame, n, stream_bw: float, copy_bw: float) -> dict:
                         if abs(ratio - 1) < 0.03 else f"runs at {1 / ratio:.2f}× its speed")
                      + ": for a pure elementwise chain a compiler is enough.")
     gbps = tensor[(tensor["n"] == n) & (tensor["impl"] == "triton_fused")]["tbps"].max() * 1000
-    if stream_bw == stream_bw:
+    if stream_bw == stream_bw and not D.toy(fused):  # a toy size's bandwidth says nothing
         parts.append(f"The fused kernel moves {D.tbps(gbps)}, {100 * gbps / stream_bw:.0f}% of "
                      f"what `torch.addcmul` moves on this machine ({D.tbps(stream_bw)}; a plain copy: "
                      f"{D.tbps(copy_bw)}).")

@@ -332,6 +332,12 @@ def _linear_sentence(head, bw: float) -> str:
     (name, other), fused, peak = _fastest_other(t), t["triton_fused"], at["peak"].iloc[0]
     share = (f", {100 * tf['triton_fused'] / peak:.0f}% of the matmul peak its run measured "
              f"({D.num(peak)})" if peak == peak else "")
+    if D.toy(fused):  # a toy size: its rates and a round trip's share are a launch's
+        gain = 100 * (t["triton_unfused"] / fused - 1) if "triton_unfused" in t else float("nan")
+        return (f"At {shape_text(m, k, n)} in float16, a toy size, the fused kernel is "
+                + (f"{abs(gain):.1f}% {'faster' if gain >= 0 else 'slower'} than our unfused "
+                   "pair with the same matmul and " if gain == gain else "")
+                + f"{_versus(fused, name, other)}, the fastest other complete version.")
     text = (f"At {shape_text(m, k, n)} in float16 the fused kernel reaches "
             f"{D.num(tf['triton_fused'])} TFLOP/s{share}.")
     if "triton_unfused" in t and bw == bw:

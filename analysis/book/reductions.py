@@ -213,9 +213,10 @@ def _softmax_onepass(st, widest, copy_bw: float, fwd: pd.DataFrame) -> dict:
     fused = fwd[(fwd["impl"] == "triton_fused") & fwd["width"].isin(rows["width"])]
     best = fused.loc[fused["tbps"].idxmax()]
     text = (f"While the row fits in registers (up to {widest} float32 elements, "
-            f"{widest * 4 // 1024} KiB), the fused kernel reads it once and writes it once and "
-            f"peaks at {D.num(best['tbps'])} TB/s (width {int(best['width'])}), "
-            f"{best['tbps'] * 1000 / copy_bw:.0%} of the copy bandwidth.")
+            f"{widest * 4 // 1024} KiB), the fused kernel reads it once and writes it once"
+            + ("." if D.toy(rows["fused"].max()) else  # a toy size's bandwidth says nothing
+               f" and peaks at {D.num(best['tbps'])} TB/s (width {int(best['width'])}), "
+               f"{best['tbps'] * 1000 / copy_bw:.0%} of the copy bandwidth."))
     above = rows[rows["width"] > rows["width"].min()].dropna(subset=["unfused"])
     if len(above):  # above the ceiling: the unfused kernels' extra launches cost time too
         over = (above["unfused"] / above["fused"]).max() > 1.01 * CEILING["sm"]
@@ -425,11 +426,13 @@ def _meaning(st_fwd: pd.DataFrame, lnh: pd.DataFrame, widest) -> dict:
         return {"meaning": D.lacking("device times of the softmax width sweep")}
     ln_fwd, ln_bwd = (standing(lnh[lnh["direction"] == d] if len(lnh) else lnh)
                       for d in ("fwd", "bwd"))
+    # At toy sizes no claim of what the bytes predict, nor of distances to the copy bandwidth.
+    toy = D.toy(max(st_fwd["fused"].max(), ln_fwd["fused"].max() if len(ln_fwd) else 0))
     sm_u, ln_u = _faster(st_fwd, "unfused"), _faster(ln_fwd, "unfused")
     parts = [f"Against the same work as separate Triton kernels, fusing a reduction pays about "
              f"what the bytes it saves predict: {sm_u} for the softmax (the model's ceiling: "
              f"{CEILING['sm']:.0f}×) and {ln_u} for LayerNorm ({CEILING['ln']:.0f}×), less at "
-             "narrow rows, where a call's fixed cost counts."] if sm_u and ln_u else []
+             "narrow rows, where a call's fixed cost counts."] if sm_u and ln_u and not toy else []
     inside = _faster(st_fwd[st_fwd["width"] <= widest], "best_ms")
     if inside:
         parts.append(f"Against PyTorch, torch.compile and the Triton libraries, which already run "
@@ -443,7 +446,7 @@ def _meaning(st_fwd: pd.DataFrame, lnh: pd.DataFrame, widest) -> dict:
         wins.append(f"for the LayerNorm backward at {_widths(ahead['width'], ln_bwd['width'])} "
                     f"columns, where eager reads x and dy twice, it is "
                     f"{_faster(ahead, 'best_ms')} faster")
-    if wins:
+    if wins and not toy:
         parts.append("A hand-written kernel pays where the others stay further from the copy "
                      "bandwidth: " + "; and ".join(wins) + ".")
     return {"meaning": " ".join(parts) or D.lacking("rows to compare")}

@@ -21,9 +21,13 @@ def compute(folders: list) -> dict:
     frames = {family: D.load(folder, family) for family in COMPARED}
     table = _headline(frames, limits)
     pvm = cases.predicted_vs_measured(frames, limits)
+    # The headline table and the predicted-vs-measured figure show the same families: those
+    # with a headline case where both Triton versions were timed.
+    table = table[table["measured"].notna()].reset_index(drop=True) if len(table) else table
+    pvm = pvm[pvm["family"].isin(table["_family"] if len(table) else [])]
     gpu = D.gpu_label(D.gpu_of(folder))
     every = verdict.every_case(folder)
-    say = {"data": _data_line(folder, frames)}
+    say = {"data": _data_line(folder, frames), "banner": banner(folder, every)}
     say.update(verdict.say(every, gpu))
     say.update(_sentences(table, pvm, across.launch(folder), every))
     say["model"] = _model(model.timings(folder))
@@ -35,11 +39,66 @@ def _data_line(folder, frames) -> str:
     rows = pd.concat([df for df in frames.values() if len(df)], ignore_index=True) \
         if any(len(df) for df in frames.values()) else pd.DataFrame()
     if not len(rows) or not rows["ms_median"].notna().any():
-        return ("These data hold no GPU timings (a run on the CPU checks correctness only), so the "
-                "findings below say what is missing.")
+        return ""  # the banner says the folder holds no GPU timings
     return (f"Measured on an {D.gpu_label(D.gpu_of(folder))} (PyTorch {rows['torch'].iloc[0]}, "
             f"Triton {rows['triton'].iloc[0]}); @sec-reproducibility says when, and how to "
             "measure your own.")
+
+
+def _names_of(families) -> str:
+    names = [FAMILIES[f].verdict_name or f for f in families]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
+def banner(folder, every: pd.DataFrame) -> str:
+    """The findings' one note on what the folder lacks: families, the steps after the sweep, the
+    profile; whether its run stopped part way; whether its cases are too small for claims of
+    bandwidth or compute (D.SMALL_MS). Empty where it lacks nothing. The chapters then leave
+    out what the data cannot support, with one line each on what that is."""
+    gpu = D.gpu_label(D.gpu_of(folder))
+    tail = [what for name, what in D.TAIL_FILES.items() if not (folder / name).exists()]
+    if not D.gpu_timed(folder):
+        return ("::: {.callout-warning}\n## These data time nothing\nThey come from a run on the "
+                "CPU (Triton's interpreter), which checks every kernel's correctness and times "
+                "none: no finding of this book is available from them, and each chapter says so "
+                "in one line. `make bench` on a GPU measures them.\n:::\n")
+    stopped = D.stopped_runs(folder)
+    asked = {f for fams in stopped.get("families", []) for f in str(fams).split(",")}
+    absent = [f for f in FAMILIES if not len(D._rows_of(folder / f"{f}.parquet", f, None))]
+    lacks = []
+    if [f for f in absent if f in asked]:
+        lacks.append(f"the rows of {_names_of([f for f in absent if f in asked])}, which its run "
+                     "was to measure")
+    if [f for f in absent if f not in asked]:
+        lacks.append(f"the rows of {_names_of([f for f in absent if f not in asked])}"
+                     + (", not asked of its run" if len(stopped) else ""))
+    if tail:
+        lacks.append("the steps after the sweep: " + ", ".join(tail))
+    if not (folder / D.PROFILE_FILE).exists():
+        lacks.append("the Nsight Compute profile (`make profile`)")
+    rows = D.family_rows(folder)
+    longest = (rows[rows["impl"] == "triton_fused"]["ms_device"].max()
+               if len(rows) and "ms_device" in rows else float("nan"))
+    small = D.toy(longest) and len(every)
+    if not lacks and not len(stopped) and not small:
+        return ""
+    text = (f"The {gpu} run stopped part way (it never recorded its end, or is still running). "
+            if len(stopped) else "")
+    if lacks:
+        text += f"The {gpu} data lack " + "; ".join(lacks) + ". "
+    if small:
+        text += (f"Every case is toy-sized: the longest fused kernel takes "
+                 f"{1000 * longest:.1f} µs of device time, under the "
+                 f"{1000 * D.SMALL_MS:.0f} µs below which a kernel's fixed costs (its launch, the "
+                 "clocks' ramp, a partial wave) outweigh its bytes and FLOPs; the book makes no "
+                 "claim of bandwidth, of compute or of launches that do not weigh about a case "
+                 "that small. ")
+    warn = len(stopped) or small or len(absent)
+    if warn:
+        text += ("The chapters leave out what these data cannot support, and name it in one line "
+                 "each.")
+    kind = "warning" if warn else "note"
+    return f"::: {{.callout-{kind}}}\n## What these data lack\n{text.strip()}\n:::\n"
 
 
 def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +126,7 @@ def _headline(frames: dict, limits: pd.DataFrame) -> pd.DataFrame:
             best=best, vs_best=others[best] / fused if best else np.nan,
             peak_fused=peaks.get("triton_fused", np.nan),
             peak_eager=peaks.get("torch_eager", np.nan),
-            _family=family))
+            _family=family, _fused_ms=fused))
     return pd.DataFrame(out)
 
 
@@ -96,6 +155,13 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def bullets(c, *groups) -> "D.Markdown":
+    """A markdown list, one item per group of sentences (keys of c["say"]), leaving out those the
+    data do not support (empty)."""
+    items = [" ".join(c.say(k) for k in keys if c["say"][k].strip()) for keys in groups]
+    return D.Markdown("".join(f"- {item}\n" for item in items if item.strip()))
+
+
 def _names(rows: pd.DataFrame) -> str:
     return ", ".join(rows["family"])
 
@@ -106,6 +172,12 @@ def _sentences(table: pd.DataFrame, pvm: pd.DataFrame, launch: dict,
         missing = D.lacking("family with its fused and unfused kernels timed at a headline size")
         return {k: missing for k in ("bound", "compute", "quadratic", "small")}
     say = {}
+    # What sets a headline's time is a claim about sizes past a launch's (D.SMALL_MS): toy-sized
+    # headlines make none (the banner says the folder is toy-sized).
+    sized = table[~table["_fused_ms"].map(D.toy)]
+    if not len(sized):
+        return dict.fromkeys(("bound", "compute", "quadratic"), "") | {"small": _small(launch)}
+    table = sized
     bound = table[table["intensity"] < MEMORY_BOUND].dropna(subset=["measured", "predicted"])
     if len(bound):
         ratio = bound["measured"] / bound["predicted"]

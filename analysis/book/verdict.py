@@ -154,6 +154,7 @@ def say(cases: pd.DataFrame, gpu: str) -> dict:
     if most:
         text += f" It holds in most cases for {', '.join(most)}"
         text += f"; in half or fewer for {', '.join(few)}." if few else "."
+        text = text.replace("..", ".")  # a name that ends in one ("linear + act.")
     elif few:
         text += f" It holds in half or fewer of the cases of every family ({', '.join(few)})."
     lost = cases[~ok]

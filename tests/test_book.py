@@ -377,6 +377,20 @@ def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path, capsys):
         "In @tbl-attn-gluon (sequences of 4,096 tokens) the Gluon forward beats the `tl` kernels "
         "at head_dim 128 (non-causal), at 1.25× their speed (0.83× cuDNN's), and the tuned op "
         "runs at its speed there. At head_dim 64 (causal) its row failed (wrong_result).")
+    # The tuned op below both kernels it picks between: how far, and why that is a tie.
+    tie = ran.iloc[:1].assign(tl=480.0, tuned=465.0, **{
+        "gluon per call": 1.02, "tl per call": 1.03, "tuned per call": 1.0, "trial spread": 0.08,
+        "one run": True})
+    assert attention._below_both(tie, tie) == (
+        " At head_dim 128 (non-causal) the tuned op measures 0.93× the faster kernel's speed, "
+        "below both kernels it picks between although it runs one of them: the three rows come "
+        "from one run on one GPU, but each row's device time comes from one of its trials, and "
+        "in time per call (the median of its trials) the tuned op is the fastest of the three. "
+        "The rows' trials spread by up to 8% and the two kernels differ by 4%: a tie, which "
+        "the tuner's own timing may break either way.")
+    assert attention._below_both(ran, ran) == ""  # the tuned op at Gluon's speed: nothing to say
+    apart = tie.assign(**{"trial spread": 0.02})  # the kernels further apart than the trials
+    assert attention._below_both(apart, apart).endswith("although it runs one of them.")
     made = run_chapter(qmd, tmp_path)
     assert say in made["inline"] and attention.PREDATES_GLUON not in made["inline"]
     printed = capsys.readouterr().out

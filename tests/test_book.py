@@ -286,6 +286,16 @@ def test_model_section_reads_the_model_check(tmp_path):
             "30.0 of each 53.0 ms step (eager's 70.0 of 80.0)") in finding
     assert "alone make it 1.10× faster (@sec-model)." in finding
     assert "These data hold no" in summary._model(model.timings(tmp_path / "none"))
+    # Each variant's slowest and fastest step, where the run recorded them, and the GPU.
+    c["gpu"] = "NVIDIA H100 80GB HBM3"
+    c["tokens_per_s_min"], c["tokens_per_s_max"] = c["tokens_per_s"] * 0.8, c["tokens_per_s"] * 1.2
+    c.to_csv(tmp_path / "model_check.csv", index=False)
+    text = model.compute([tmp_path])["say"]["section"]
+    assert "| eager + our ops | 150k (120–180k) | 1.50 |" in text
+    assert ("Each variant's tokens/s is the median of its timed steps, one run on one H100: ours "
+            "ranged over 120k to 180k tokens/s from step to step, eager's over 80k to 120k.") in text
+    assert ("Those are median steps: ours ranged over 120k to 180k tokens/s, eager's 80k to "
+            "120k.") in summary._model(model.timings(tmp_path))
 
 
 def test_training_table_reads_the_training_rows(tmp_path):

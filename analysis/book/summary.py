@@ -201,6 +201,10 @@ def _model(t: pd.DataFrame) -> str:
     text += (f"; its GPU is busy {ours['gpu_ms']:.1f} of each {ours['step_ms']:.1f} ms step "
              f"(eager's {eager['gpu_ms']:.1f} of {eager['step_ms']:.1f}), the rest waiting on our "
              "ops' Python host path")
+    if model._step_range(t, "triton_fused") and model._step_range(t, "torch_eager"):
+        text += (f". Those are median steps: ours ranged over "
+                 f"{model._step_range(t, 'triton_fused', 'k to ').strip(' ()')} tokens/s, "
+                 f"eager's {model._step_range(t, 'torch_eager', 'k to ').strip(' ()')}")
     if {"torch_compile", "torch_compile_triton_head"} <= set(tps.index):
         text += (f". Under torch.compile, which takes the host out, our fused LM head and loss "
                  f"alone make it {tps['torch_compile_triton_head'] / tps['torch_compile']:.2f}× "

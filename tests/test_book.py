@@ -257,6 +257,8 @@ def test_lm_head_section_only_where_its_rows_are(tmp_path):
     assert section.startswith("## The LM head and its loss")
     assert "ours takes 3.90 ms, torch.compile 4.50 ms (ours at a speedup of 1.15×)" in section
     assert "300 MiB against torch.compile's 860" in section
+    # Liger's chunks by its own rule; no limits in the folder: no bytes nor model time.
+    assert "and is slow by its design" in section and "At 8192×768×50257: 64 chunks of 128 rows." in section and "GB" not in section
     assert list(c["table"].columns)[2:] == ["PyTorch eager", "torch.compile", "Liger-Kernel",
                                             "Triton fused"]
 
@@ -315,6 +317,16 @@ def test_model_section_reads_the_model_check(tmp_path):
             "30.0 of each 53.0 ms step (eager's 70.0 of 80.0)") in finding
     assert "alone make it 1.10× faster (@sec-model)." in finding
     assert isinstance(summary._model(model.timings(tmp_path / "none")), D.Lack)
+    # Each variant's slowest and fastest step, where the run recorded them, and the GPU.
+    c["gpu"] = "NVIDIA H100 80GB HBM3"
+    c["tokens_per_s_min"], c["tokens_per_s_max"] = c["tokens_per_s"] * 0.8, c["tokens_per_s"] * 1.2
+    c.to_csv(tmp_path / "model_check.csv", index=False)
+    text = model.compute([tmp_path])["say"]["section"]
+    assert "| eager + our ops | 150k (120–180k) | 1.50 |" in text
+    assert ("Each variant's tokens/s is the median of its timed steps, one run on one H100: ours "
+            "ranged over 120k to 180k tokens/s from step to step, eager's over 80k to 120k.") in text
+    assert ("Those are median steps: ours ranged over 120k to 180k tokens/s, eager's 80k to "
+            "120k.") in summary._model(model.timings(tmp_path))
 
 
 def test_training_table_reads_the_training_rows(tmp_path):
@@ -409,6 +421,20 @@ def test_gluon_table_only_where_the_kernel_sweep_is(tmp_path):
         "In @tbl-attn-gluon (sequences of 4,096 tokens) the Gluon forward beats the `tl` kernels "
         "at head_dim 128 (non-causal), at 1.25× their speed (0.83× cuDNN's), and the tuned op "
         "runs at its speed there. At head_dim 64 (causal) its row failed (wrong_result).")
+    # The tuned op below both kernels it picks between: how far, and why that is a tie.
+    tie = ran.iloc[:1].assign(tl=480.0, tuned=465.0, **{
+        "gluon per call": 1.02, "tl per call": 1.03, "tuned per call": 1.0, "trial spread": 0.08,
+        "one run": True})
+    assert attention._below_both(tie, tie) == (
+        " At head_dim 128 (non-causal) the tuned op measures 0.93× the faster kernel's speed, "
+        "below both kernels it picks between although it runs one of them: the three rows come "
+        "from one run on one GPU, but each row's device time comes from one of its trials, and "
+        "in time per call (the median of its trials) the tuned op is the fastest of the three. "
+        "The rows' trials spread by up to 8% and the two kernels differ by 4%: a tie, which "
+        "the tuner's own timing may break either way.")
+    assert attention._below_both(ran, ran) == ""  # the tuned op at Gluon's speed: nothing to say
+    apart = tie.assign(**{"trial spread": 0.02})  # the kernels further apart than the trials
+    assert attention._below_both(apart, apart).endswith("although it runs one of them.")
     made = run_chapter(qmd, tmp_path)
     assert say in made["inline"] and attention.PREDATES_GLUON not in made["inline"]
     printed = "".join(made["printed"])

@@ -40,3 +40,15 @@ def test_softmax_backward_traffic():
     two_pass = traffic.softmax_backward_kernels(rows, width, s, "triton_fused", two_pass=True)
     assert traffic.total(two_pass) == 5 * e
     assert traffic.softmax_backward_flops(rows, width) == 4 * rows * width
+
+
+def test_liger_lce_chunks():
+    """Liger-Kernel's own chunking of its fused linear cross-entropy (a chunk's logits about as
+    many elements as x, rows a power of two): 128-row chunks at GPT-2's and Llama-3's heads."""
+    from triton_fusion_report.analysis.model.traffic import liger_lce_chunks
+
+    assert liger_lce_chunks(8192, 768, 50257) == 64
+    assert liger_lce_chunks(4096, 4096, 128256) == 32
+    assert liger_lce_chunks(16384, 2048, 32000) == 16
+    assert liger_lce_chunks(40, 24, 301) == 10  # ceil(40 / 13) = 4 rows a chunk
+    assert liger_lce_chunks(100, 4096, 1024) == 1  # logits smaller than x: one chunk

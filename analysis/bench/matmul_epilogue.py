@@ -253,8 +253,9 @@ def linear_cross_entropy_problems(grid: str = "full") -> list[Problem]:
                     _lce_grads(lambda x, w, b, t: lce.linear_cross_entropy(x, w, t, b)),
                     variant=f"chunks of {chunk_rows} rows", bytes_impl=nbytes("triton_fused")),
             *compiled_variants(_lce_eager, nbytes("torch_compile"), wrap=_lce_grads),
+            # Liger's bytes with its own chunks (far more, and smaller, than ours).
             peers._variant("liger", _lce_grads(peers.liger_linear_cross_entropy),
-                           nbytes("liger")),
+                           nbytes("liger", chunks=traffic.liger_lce_chunks(N, H, V))),
         ]
         out.append(Problem(
             family="linear_cross_entropy", op="linear_cross_entropy_fwd_bwd", dtype=LCE_DTYPE,

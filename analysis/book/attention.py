@@ -350,11 +350,22 @@ def _kernel_rates(fwd: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     forced = forced.assign(col=forced["variant"])
     size = rows[rows["impl"].isin(["triton_fused", "sdpa_cudnn"])] if len(rows) else rows
     size = size.assign(col=size["impl"].map({"triton_fused": "tuned", "sdpa_cudnn": "cuDNN"}))
-    rate = pd.concat([forced, size])
-    rate = rate.groupby(KERNEL_KEYS + ["col"])["tflops_t"].max() if len(rate) else pd.Series()
+    both = pd.concat([forced, size])
+    by = both.groupby(KERNEL_KEYS + ["col"]) if len(both) else None
+    rate = by["tflops_t"].max() if by is not None else pd.Series()
+    # What says whether the tuned row can be told from the two kernels it picks between: each
+    # row's per-call time (the median of its trials), its trials' spread, the run it came from.
+    call = by["ms_median"].min() if by is not None else pd.Series()
+    spread = ((both["ms_trial_max"] / both["ms_trial_min"] - 1).groupby(
+        [both[k] for k in KERNEL_KEYS + ["col"]]).max() if by is not None else pd.Series())
+    run = by["run_id"].first() if by is not None else pd.Series()
     status = sweep[sweep["variant"] == "gluon"].groupby(KERNEL_KEYS)["status"].first()
+    three = ("gluon", "tl", "tuned")
     out = [{**dict(zip(KERNEL_KEYS, k)), **{c: rate.get((*k, c), NAN) for c in KERNEL_COLUMNS},
-            "gluon status": status.get(k)}
+            "gluon status": status.get(k),
+            **{f"{c} per call": call.get((*k, c), NAN) for c in three},
+            "trial spread": max((spread.get((*k, c), NAN) for c in three), default=NAN),
+            "one run": len({run.get((*k, c)) for c in three}) == 1}
            for k in sweep[KERNEL_KEYS].drop_duplicates().itertuples(index=False, name=None)]
     t = pd.DataFrame(out).sort_values(["head_dim", "seq", "causal"],
                                       ascending=[False, True, True])
@@ -430,7 +441,34 @@ def _gluon_sentence(t: pd.DataFrame) -> str:
                                          f"{_kernel_where(took, t)}."))
     if len(refused):
         out.append(f"At {_kernel_where(refused, t)} it does not apply.")
-    return " ".join(out) + failures
+    return " ".join(out) + failures + _below_both(timed, t)
+
+
+def _below_both(timed: pd.DataFrame, t: pd.DataFrame) -> str:
+    """Where the tuned op's device time puts it below both kernels it picks between (it runs one
+    of them): how far below, and what separates the three rows: one device time each, and
+    per-call times whose trials spread by more than the two kernels differ. "" where the tuned
+    op is not below both, or the rows lack their per-call times."""
+    if "tuned per call" not in timed:
+        return ""
+    below = timed[timed["tuned"] < timed[["gluon", "tl"]].min(axis=1)]
+    below = below.dropna(subset=["tuned per call", "gluon per call", "tl per call",
+                                 "trial spread"])
+    if not len(below):
+        return ""
+    gap = below["tuned"] / below[["gluon", "tl"]].max(axis=1)
+    apart = below[["gluon", "tl"]].max(axis=1) / below[["gluon", "tl"]].min(axis=1) - 1
+    first = (below["tuned per call"] < below[["gluon per call", "tl per call"]].min(axis=1))
+    text = (f" At {_kernel_where(below, t)} the tuned op measures {D.ratio_range(gap)} the faster "
+            "kernel's speed, below both kernels it picks between although it runs one of them")
+    if not (below["one run"].all() and first.all() and (apart <= below["trial spread"]).all()):
+        return text + "."
+    return (text + ": the three rows come from one run on one GPU, but each row's device time "
+            "comes from one of its trials, and in time per call (the median of its trials) the "
+            "tuned op is the fastest of the three. The rows' trials spread by up to "
+            f"{100 * below['trial spread'].max():.0f}% and the two kernels differ by "
+            f"{D.range_text(100 * apart.min(), 100 * apart.max(), '.0f')}%: a tie, which the "
+            "tuner's own timing may break either way.")
 
 
 # --- forward + backward, decoding, what it means ------------------------------

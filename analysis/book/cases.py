@@ -171,11 +171,17 @@ def predicted_vs_measured(frames: dict[str, pd.DataFrame], limits: pd.DataFrame)
             bw = R.limit(limits, "copy_bw", run_id=run)
             peak = peak_of(limits, case.where.get("precision", case.where["dtype"]), run) \
                 if any(k.flops for k in case.fused) else math.inf
-            predicted = model_ms(case.unfused, bw, peak) / model_ms(case.fused, bw, peak)
-            rows.append(dict(family=family, case=case.label, predicted=predicted,
+            model_unfused, model_fused = (model_ms(k, bw, peak) for k in (case.unfused,
+                                                                          case.fused))
+            rows.append(dict(family=family, case=case.label, predicted=model_unfused / model_fused,
                              measured=t["triton_unfused"] / t["triton_fused"],
-                             fused_ms=t["triton_fused"]))
-    return pd.DataFrame(rows, columns=["family", "case", "predicted", "measured", "fused_ms"])
+                             fused_ms=t["triton_fused"], unfused_ms=t["triton_unfused"],
+                             model_fused_ms=model_fused, model_unfused_ms=model_unfused,
+                             method=_fused_method(df, case.where)[0]
+                             if family == "matmul_softmax" else None))
+    return pd.DataFrame(rows, columns=["family", "case", "predicted", "measured", "fused_ms",
+                                       "unfused_ms", "model_fused_ms", "model_unfused_ms",
+                                       "method"])
 
 
 

@@ -2,9 +2,14 @@
 section, printed only where the results folder has the family's rows."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pandas as pd
 
 from ..families import FAMILIES
+from ..model import traffic
+from ..model.roofline import model_ms, peak_of
 from . import data as D
 
 FAMILY = "linear_cross_entropy"
@@ -56,6 +61,52 @@ def _sentence(rows: pd.DataFrame) -> str:
             if parts else "")
 
 
+def _liger_sentence(rows: pd.DataFrame, limits: pd.DataFrame) -> str:
+    """Why Liger-Kernel's op is slow here, from its own chunking rule (traffic.liger_lce_chunks)
+    and the traffic model: its chunks against ours, the bytes they move and the time the model
+    gives them against its measured time, and its error against ours. "" without its rows."""
+    lg = rows[(rows["impl"] == "liger") & rows["ms_median"].notna()]
+    if not len(lg):
+        return ""
+    parts, unexplained = [], []
+    for r in lg.itertuples():
+        n, h, v = int(r.tokens), int(r.hidden), int(r.vocab)
+        chunks = traffic.liger_lce_chunks(n, h, v)
+        kernels = traffic.linear_cross_entropy_kernels(n, h, v, {"float32": 4}.get(r.dtype, 2),
+                                                       "liger", chunks)
+        bw = D.limit(limits, "copy_bw", run_id=r.run_id) if len(limits) else float("nan")
+        peak = peak_of(limits, r.dtype, r.run_id) if len(limits) else float("nan")
+        ours = rows[(rows["impl"] == "triton_fused") & (rows["tokens"] == n)
+                    & (rows["hidden"] == h) & (rows["vocab"] == v)]
+        mine = (re.search(r"chunks of (\d+) rows", str(ours["variant"].iloc[0]))
+                if len(ours) and "variant" in ours else None)
+        text = (f"at {n}×{h}×{v}: {chunks} chunks of {-(-n // chunks):,} rows"
+                + (f" against our {-(-n // int(mine.group(1)))}" if mine else ""))
+        if bw == bw and peak == peak:
+            if model_ms(kernels, bw, peak) < r.ms_median / 2:
+                unexplained.append(f"{n}×{h}×{v}")
+            text += (f", {traffic.total(kernels) / 1e9:.0f} GB, {model_ms(kernels, bw, peak):.1f} "
+                     f"of its {r.ms_median:.1f} ms")
+        parts.append(text)
+    text = (" Liger-Kernel's op is called as its own benchmark calls it (the mean loss, its "
+            "gradients computed in the forward; with a bias, which it takes), and is slow by its "
+            "design: it cuts the tokens into chunks whose logits hold no more elements "
+            "than its input, and each chunk reads the whole weight twice and reads and writes "
+            "the weight's whole gradient, which it accumulates in the weight's precision. "
+            + ("In the traffic model, " + "; ".join(parts) if "GB" in parts[0]
+               else "; ".join(parts)[:1].upper() + "; ".join(parts)[1:]) + "."
+            + (f" At {' and '.join(unexplained)} the model leaves most of its time unexplained."
+               if unexplained else ""))
+    if "max_rel_err" in rows:
+        err = rows.groupby("impl")["max_rel_err"].agg(["min", "max"]).dropna()
+        if {"liger", "triton_fused"} <= set(err.index):
+            lo, hi = err.loc["liger"], err.loc["triton_fused"]
+            text += (f" Its largest error against float64 is "
+                     f"{D.range_text(lo['min'], lo['max'], '.3f')}, ours "
+                     f"{D.range_text(hi['min'], hi['max'], '.3f')}.")
+    return text
+
+
 def compute(folders: list) -> dict:
     rows = D.load(folders[0], FAMILY)
     rows = rows[(rows["status"] == "ok")] if len(rows) else rows
@@ -69,7 +120,9 @@ def compute(folders: list) -> dict:
         "gradient. Our fused op never holds the (tokens, vocabulary) logits: chunks of rows go "
         "through the matmul, a row kernel turns their logits into the loss and the gradient in "
         "place, and two matmuls take that gradient to dx and dW. "
-        + _sentence(rows) + "\n\n" + D.md_table(table) + "\n\n: The LM head and its loss, "
-        "forward and backward, per implementation: ms per call, and peak MiB above the inputs. "
+        + _sentence(rows) + _liger_sentence(rows, D.load_limits(folders[0]) if (
+            Path(folders[0]) / "limits.parquet").exists() else pd.DataFrame())
+        + "\n\n" + D.md_table(table) + "\n\n: The LM head and its loss, "
+        "forward and backward: ms per call and peak MiB above the inputs, per implementation. "
         "{#tbl-lm-head}\n")
     return {"say": {"section": section}, "table": table}

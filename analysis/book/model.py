@@ -32,7 +32,8 @@ def timings(folder) -> pd.DataFrame:
 def _table(t: pd.DataFrame) -> pd.DataFrame:
     eager = t["tokens_per_s"].get("torch_eager")
     out = pd.DataFrame({"variant": [VARIANTS[i] for i in t.index],
-                        "tokens/s": [f"{v / 1e3:,.0f}k" for v in t["tokens_per_s"]]})
+                        "tokens/s": [f"{v / 1e3:,.0f}k" + _step_range(t, i)
+                                     for i, v in t["tokens_per_s"].items()]})
     if eager:
         out["× eager"] = [f"{v / eager:.2f}" for v in t["tokens_per_s"]]
     out["step (ms)"] = [f"{v:.1f}" for v in t["step_ms"]]
@@ -40,6 +41,33 @@ def _table(t: pd.DataFrame) -> pd.DataFrame:
     if "peak_mib" in t:
         out["peak memory (GiB)"] = [f"{v / 1024:.1f}" for v in t["peak_mib"]]
     return out
+
+
+def _step_range(t: pd.DataFrame, impl: str, sep: str = "–") -> str:
+    """" (lo–hik)": the slowest and fastest timed step's tokens/s of a variant, where the run
+    recorded them ("" otherwise)."""
+    if not {"tokens_per_s_min", "tokens_per_s_max"} <= set(t):
+        return ""
+    lo, hi = t.loc[impl, "tokens_per_s_min"], t.loc[impl, "tokens_per_s_max"]
+    return "" if lo != lo or hi != hi else f" ({lo / 1e3:,.0f}{sep}{hi / 1e3:,.0f}k)"
+
+
+def _spread(t: pd.DataFrame) -> str:
+    """The tokens/s are each variant's median step: ours' and eager's range over the timed
+    steps, and the GPU the one run used (what the run recorded; "" without the ranges)."""
+    if not (_step_range(t, "triton_fused") and _step_range(t, "torch_eager")):
+        return ""
+    where = (f", one run on one {D.gpu_label(str(t['gpu'].iloc[0]))}" if "gpu" in t
+             and isinstance(t["gpu"].iloc[0], str) else "")
+    lo, hi = (t.loc["triton_fused", c] for c in ("tokens_per_s_min", "tokens_per_s_max"))
+    elo, ehi = (t.loc["torch_eager", c] for c in ("tokens_per_s_min", "tokens_per_s_max"))
+    waits = ("; ours, whose steps wait on the host, spreads the more"
+             if hi / lo > ehi / elo and t.loc["triton_fused", "step_ms"]
+             - t.loc["triton_fused", "gpu_ms"] > t.loc["torch_eager", "step_ms"]
+             - t.loc["torch_eager", "gpu_ms"] else "")
+    return (f" Each variant's tokens/s is the median of its timed steps{where}: ours ranged "
+            f"over {lo / 1e3:,.0f}k to {hi / 1e3:,.0f}k tokens/s from step to step, eager's over "
+            f"{elo / 1e3:,.0f}k to {ehi / 1e3:,.0f}k{waits}.")
 
 
 HOST_IMPLS = {"torch_eager": "eager", "torch_compile": "torch.compile", "public": "ours",
@@ -132,7 +160,7 @@ def _sentence(t: pd.DataFrame) -> str:
             "host, whose Python calls of the Triton kernels, forward and backward, cost more "
             "than PyTorch's C++ path (@fig-x-launch).")
         parts.append(f"That leaves {tps['triton_fused'] / tps['torch_eager']:.2f}× eager's "
-                     "tokens/s.")
+                     "tokens/s." + _spread(t))
     if {"torch_compile_triton_head", "torch_compile"} <= set(tps.index):
         parts.append(f"Under torch.compile, which removes most of the host's time, our fused LM "
                      f"head and loss alone take GPT-2 from {tps['torch_compile'] / 1e3:,.0f}k "
@@ -217,7 +245,10 @@ def compute(folders: list) -> dict:
         f"(how it was run: @sec-reproducibility{_gc_note(t)}). " + _sentence(t) + " "
         + _checks(folder) + "\n\n"
         + D.md_table(_table(t)) + "\n\n: GPT-2 small trained with PyTorch's ops and with ours, "
-        "eager and under torch.compile. {#tbl-model-gpt2}\n\n"
+        "eager and under torch.compile" + ("; tokens/s of the median timed step (in brackets, "
+                                           "of the slowest and the fastest)"
+                                           if _step_range(t, t.index[0]) else "")
+        + ". {#tbl-model-gpt2}\n\n"
         + (D.md_table(host) + "\n\n: Where the host's time goes: µs of host time per forward + "
            "backward call at tiny sizes (back-to-back calls). {#tbl-model-host}\n\n"
            + _floor_sentence(folder) if len(host) else "")

@@ -31,6 +31,7 @@ def compute(folders: list) -> dict:
     say.update(verdict.say(every, gpu))
     say.update(_sentences(table, pvm, across.launch(folder), every))
     say["model"] = _model(model.timings(folder))
+    say["crossed"] = _crossed(pvm)
     return dict(table=table, pvm=pvm, gpu=gpu, say=say, every=every,
                 verdict=verdict.table(every))
 
@@ -271,11 +272,40 @@ def _model(t: pd.DataFrame) -> str:
     text += (f"; its GPU is busy {ours['gpu_ms']:.1f} of each {ours['step_ms']:.1f} ms step "
              f"(eager's {eager['gpu_ms']:.1f} of {eager['step_ms']:.1f}), the rest waiting on our "
              "ops' Python host path")
+    if model._step_range(t, "triton_fused") and model._step_range(t, "torch_eager"):
+        text += (f". Those are median steps: ours ranged over "
+                 f"{model._step_range(t, 'triton_fused', 'k to ').strip(' ()')} tokens/s, "
+                 f"eager's {model._step_range(t, 'torch_eager', 'k to ').strip(' ()')}")
     if {"torch_compile", "torch_compile_triton_head"} <= set(tps.index):
         text += (f". Under torch.compile, which takes the host out, our fused LM head and loss "
                  f"alone make it {tps['torch_compile_triton_head'] / tps['torch_compile']:.2f}× "
                  "faster")
     return text + " (@sec-model)."
+
+
+def _crossed(pvm: pd.DataFrame) -> str:
+    """The points of @fig-predicted where the model predicts that fusion loses and it wins: what
+    they are, and how far each version runs from the speed the model allows it ("" where none)."""
+    if not len(pvm):
+        return ""
+    x = pvm[(pvm["predicted"] < 1 - TIE) & (pvm["measured"] > 1 + TIE)]
+    if not len(x):
+        return ""
+    text = (f"Where the model predicts that fusion loses and it wins (model "
+            f"{D.ratio_range(x['predicted'])}, measured {D.ratio_range(x['measured'])}), ")
+    fused = 100 * x["model_fused_ms"] / x["fused_ms"]
+    unfused = 100 * x["model_unfused_ms"] / x["unfused_ms"]
+    reach = (f"it reaches {D.range_text(unfused.min(), unfused.max(), '.0f')}% of the speed the "
+             f"model allows, the fused kernel {D.range_text(fused.min(), fused.max(), '.0f')}%.")
+    if not ((x["family"] == "matmul_softmax") & (x["method"] == cases.SPLIT_K)).all():
+        return text + "the unfused version is the further from its limit: " + reach
+    shapes = list(dict.fromkeys(label.split(", ", 1)[-1] for label in x["case"]))
+    shapes = shapes[0] if len(shapes) == 1 else ", ".join(shapes[:-1]) + " and " + shapes[-1]
+    return (text + f"the fused kernel is {FAMILIES['matmul_softmax'].findings_label} at few rows "
+            f"and a long K ({shapes}), split over K: the model charges it the round trip of its "
+            "float32 partial logits, but at these sizes neither version nears its limit, and the "
+            "unfused pair, whose matmul gives each output tile one program that walks all of K "
+            "where the fused kernel shares it among several, is the further from it: " + reach)
 
 
 def fig_predicted(c: dict):

@@ -329,6 +329,43 @@ def test_model_section_reads_the_model_check(tmp_path):
             "120k.") in summary._model(model.timings(tmp_path))
 
 
+def test_model_section_compares_captured_steps_with_pytorchs_fastest(tmp_path):
+    """Captured whole steps: ours against PyTorch's fastest captured variant (not eager's), × eager
+    against eager of the same kind of step, the kernel kind that holds a slower one of ours back,
+    and chapter 1's finding led by the captured verdict."""
+    from triton_fusion_report.analysis.book import model, summary
+
+    timing = dict(kind="timing", status="ok", batch=8, seq=1024)
+    rows = [("torch_eager", 100e3, 4000.0), ("triton_fused", 150e3, 3000.0),
+            ("torch_eager_graph", 110e3, 5000.0), ("torch_compile_graph", 300e3, 6000.0),
+            ("triton_fused_graph", 270e3, 4500.0), ("torch_compile_triton_graph", 360e3, 4800.0)]
+    pd.DataFrame([dict(timing, impl=i, tokens_per_s=t, step_ms=8e6 / t, gpu_ms=7e6 / t,
+                       peak_mib=m) for i, t, m in rows]).to_csv(tmp_path / "model_check.csv",
+                                                                 index=False)
+    pd.DataFrame(dict(impl=["torch_compile_graph"] * 2 + ["triton_fused_graph"] * 2,
+                      kind=["other", "attention"] * 2, gpu_ms=[2.0, 4.0, 9.0, 3.0])
+                 ).to_csv(tmp_path / "model_ops.csv", index=False)
+    text = model.compute([tmp_path])["say"]["section"]
+    assert ("PyTorch's fastest, torch.compile, runs at 300k tokens/s in 5.9 GiB; torch.compile + "
+            "all our ops at 360k in 4.7 GiB (a speedup of 1.20×); eager + our ops at 270k in 4.4 "
+            "GiB (a speedup of 0.90×).") in text
+    assert ("What holds eager + our ops back is other kernels: 9.0 ms of GPU time a step "
+            "against 2.0.") in text
+    assert "| torch.compile, captured | 300k | 2.73 |" in text  # against eager captured
+    assert "| eager + our ops | 150k | 1.50 |" in text
+    finding = summary._model(model.timings(tmp_path))
+    assert finding.startswith("**In a model, once the host is out, our kernels pay.** With its "
+                              "whole training step captured as one CUDA graph, GPT-2 small runs "
+                              "at a speedup of 1.20× with torch.compile + all our ops over "
+                              "PyTorch's fastest captured step, torch.compile's, in 0.80× its "
+                              "peak memory.")
+    c = pd.read_csv(tmp_path / "model_check.csv")
+    c.loc[c["impl"] == "torch_compile_triton_graph", "tokens_per_s"] = 200e3
+    c.to_csv(tmp_path / "model_check.csv", index=False)
+    assert summary._model(model.timings(tmp_path)).startswith(
+        "**In a model, once the host is out, our kernels lose.**")
+
+
 def test_training_table_reads_the_training_rows(tmp_path):
     """The model section's training-shape table: ms per forward + backward call by op and shape,
     each implementation's and ours over the fastest other's; none from CPU rows (no timings)."""

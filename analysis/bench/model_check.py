@@ -57,7 +57,7 @@ TIMINGS = {"torch_eager": (None, frozenset(), False), "torch_compile": (COMPILE,
            "torch_compile_triton_graph": (COMPILE, ALL_OPS, True)}
 DEFAULT_TIMINGS = ["torch_eager", "torch_compile", "triton_fused", "torch_compile_triton_head",
                    "torch_eager_graph", "torch_compile_graph", "triton_fused_graph",
-                   "torch_compile_triton_head_graph"]
+                   "torch_compile_triton_head_graph", "torch_compile_triton_graph"]
 STEPS = 20
 # (batch, seq) of the forward + backward check, of the training check, of the timings (default).
 CHECK_SHAPE, TRAIN_SHAPE, TIMING_SHAPE = (4, 1024), (8, 512), (8, 1024)

@@ -43,7 +43,8 @@ MAX_WORKERS = 12
 # The first calls of the steps after the sweep, as (module of analysis.bench, argument of its
 # warm): one job per compiled GPT-2, the longest jobs.
 TAIL = (("model_check", "torch_compile"), ("model_check", "torch_compile_triton_head"),
-        ("model_check", "triton_fused"), ("launch_cost", None))
+        ("model_check", "triton_fused"), ("model_check", "torch_compile_triton_graph"),
+        ("launch_cost", None))
 
 
 def default_workers() -> int:

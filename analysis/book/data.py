@@ -368,7 +368,8 @@ def toy(ms) -> bool:
 # The files of the steps a bench runs after its sweep (analysis/bench/steps.py's TAIL_STEPS;
 # the book does not import the bench) and of its profile, as the banner names them.
 TAIL_FILES = {"seed002.parquet": "the second seed of softmax(X) @ V",
-              "launch_cost.csv": "the launch costs", "model_check.csv": "the GPT-2 check"}
+              "launch_cost.csv": "the launch costs", "model_check.csv": "the GPT-2 check",
+              "lm_head_front.csv": "the LM head's time-memory front"}
 PROFILE_FILE = "profile.parquet"
 
 

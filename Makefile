@@ -166,4 +166,4 @@ smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (int
 	TRITON_INTERPRET=1 $(RUN_PY) -m triton_fusion_report.analysis.bench --out tests/data/smoke --grid smoke --device cpu --no-progress
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
-	rm -rf $(VENV) $(OUTPUT_DIR) .quarto .book-cache report/data results/runs .pytest_cache
+	rm -rf $(VENV) $(OUTPUT_DIR) .quarto .book-cache report/data report/figures results/runs .pytest_cache

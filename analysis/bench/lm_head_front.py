@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import importlib.metadata
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,6 @@ SHAPES = [(8192, 768, 50257), (4096, 4096, 128256)]
 DTYPE = torch.bfloat16
 # Our op's chunkings: the tokens split in this many chunks of equal rows.
 CHUNKS = (1, 2, 4, 8, 16, 32)
-CCE = ("cut_cross_entropy", "cut-cross-entropy", "25.1.1")
 
 
 def _inputs(n, h, v, bias: bool, device):
@@ -88,12 +86,10 @@ def _impls(n: int, v: int, bias: bool, most: bool) -> list[tuple[str, int | None
 
 
 def _cce(x, w, b, t):
-    try:
-        from cut_cross_entropy import linear_cross_entropy
-    except ImportError as exc:
-        raise ModuleNotFoundError(f"{CCE[1]} is not installed (pip install {CCE[1]}=={CCE[2]})") \
-            from exc
-    return linear_cross_entropy(x, w, t)
+    """Apple's Cut Cross-Entropy (peers.PINNED; its defaults: the mean, gradient filtering)."""
+    from .peers import _need
+
+    return _need("cce").linear_cross_entropy(x, w, t)
 
 
 def _err(got, want) -> float:
@@ -127,6 +123,7 @@ def main(argv=None) -> int:
         print("lm_head_front needs a CUDA GPU; skipped")
         return 0
     from .machine import run_metadata
+    from .peers import PINNED, Missing, label
     from .timing import bench, peak_mib
 
     device = torch.device("cuda")
@@ -152,13 +149,12 @@ def main(argv=None) -> int:
                     row["peak_mib"] = peak_mib(once, device)
                 except torch.cuda.OutOfMemoryError as exc:
                     row.update(status="oom", error=str(exc).splitlines()[0][:300])
+                except Missing as exc:  # a peer library not installed: as the sweep's rows
+                    row.update(status="unsupported", error=str(exc)[:300])
                 except Exception as exc:  # noqa: BLE001 - a failing peer is a row
                     row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
-                if impl == "cce":
-                    try:
-                        row["variant"] = f"{CCE[1]} {importlib.metadata.version(CCE[1])}"
-                    except importlib.metadata.PackageNotFoundError:
-                        pass
+                if impl in PINNED and label(impl):
+                    row["variant"] = label(impl)
                 torch.cuda.empty_cache()
                 rows.append(row)
                 print(f"{n}x{h}x{v} bias={bias!s:5} {impl:18s} {chunk or '':>6} "

@@ -93,7 +93,8 @@ test-all: setup ## every correctness test: the whole matrix of shapes, dtypes an
 bench: setup ## GPU: the sweeps of GRID (book, reference, full or smoke) and their tail steps into results/runs/<time>/
 	@# Without a GPU the bench says so itself (and the check would cost a start of torch).
 	@# With TAIL: then seed 002's own protocol (the attention chapter shows its CSV), launch
-	@# costs and the GPT-2 check, each in a process of its own; each prints its wall time.
+	@# costs, the GPT-2 check and the LM head's time-memory front, each in a process of its own;
+	@# each prints its wall time.
 	$(RUN_PY) -m triton_fusion_report.analysis.bench --out $(BENCH_OUT) --grid $(GRID) --warm $(WARM) $(if $(TAIL),--tail) $(BENCH_ARGS)
 	@ln -sfn $(notdir $(BENCH_OUT)) $(dir $(BENCH_OUT))latest 2>/dev/null || true
 
@@ -166,4 +167,4 @@ smoke-data: setup ## regenerate tests/data/smoke: the smoke grid on the CPU (int
 	TRITON_INTERPRET=1 $(RUN_PY) -m triton_fusion_report.analysis.bench --out tests/data/smoke --grid smoke --device cpu --no-progress
 
 clean: ## remove the venv, rendered output and fresh runs (keeps the reference results)
-	rm -rf $(VENV) $(OUTPUT_DIR) .quarto .book-cache report/data results/runs .pytest_cache
+	rm -rf $(VENV) $(OUTPUT_DIR) .quarto .book-cache report/data report/figures results/runs .pytest_cache

@@ -75,10 +75,11 @@ def run_chapter(qmd: Path, results) -> dict:
 def _no_cache(monkeypatch, tmp_path):
     """No chapter cache; the data appendix's CSV files in the test's own folder, not in
     report/data/, which a render running beside the tests (CI) copies into its output."""
-    from triton_fusion_report.analysis.book import data_tables
+    from triton_fusion_report.analysis.book import data_tables, lm_head
 
     monkeypatch.setattr(book, "CACHE", False)
     monkeypatch.setattr(data_tables, "CSV_DIR", tmp_path / "csv")
+    monkeypatch.setattr(lm_head, "FIG_DIR", tmp_path / "figures")
 
 
 def test_chapters_are_the_files():
@@ -261,6 +262,109 @@ def test_lm_head_section_only_where_its_rows_are(tmp_path):
     assert "and is slow by its design" in section and "At 8192×768×50257: 64 chunks of 128 rows." in section and "GB" not in section
     assert list(c["table"].columns)[2:] == ["PyTorch eager", "torch.compile", "Liger-Kernel",
                                             "Triton fused"]
+
+
+def _front_csv(folder: Path, compile_at=(5.0, 500.0), default=True) -> None:
+    """A made-up LM head front at one shape, with and without a bias: ours at 1, 2 and 4 chunks
+    (512 rows, 2 chunks, its default), eager, torch.compile (`compile_at`: ms, MiB), Liger-Kernel,
+    and Cut Cross-Entropy without a bias."""
+    rows = []
+    for bias in (True, False):
+        points = [("torch_eager", None, 10.0, 1000.0), ("torch_compile", None, *compile_at),
+                  ("triton_fused", 1024, 3.0, 520.0), ("triton_fused", 512, 3.2, 300.0),
+                  ("triton_fused", 256, 4.0, 200.0), ("liger", None, 12.0, 160.0)]
+        points += [] if bias else [("cce", None, 8.0, 150.0)]
+        rows += [dict(gpu="NVIDIA H100 80GB HBM3", tokens=1024, hidden=64, vocab=1000, bias=bias,
+                      impl=impl, dtype="bfloat16", chunk_rows=chunk, status="ok", ms=ms,
+                      peak_mib=mib, **({"default_chunk_rows": 512} if default else {}))
+                 for impl, chunk, ms, mib in points]
+    rows.append(dict(rows[0], impl="torch_compile", status="oom", ms=None, peak_mib=None))
+    pd.DataFrame(rows).to_csv(folder / "lm_head_front.csv", index=False)
+
+
+def test_lm_head_front_where_the_step_ran(tmp_path):
+    """The LM head's time-memory front: a figure and a paragraph where the folder has the step's
+    file; whether a peer beats any of our chunkings on both counts; the least memory; our
+    default's place (from the step's rows, else the sweep's); max-autotune's point from the
+    sweep; nothing without the file."""
+    from triton_fusion_report.analysis.book import lm_head
+
+    (tmp_path / "none").mkdir()
+    c = lm_head.compute([tmp_path / "none"])
+    assert not len(c["front"]) and c["say"]["front"] == "" and lm_head.front_figure(c) == ""
+    _front_csv(tmp_path)
+    c = lm_head.compute([tmp_path])
+    text = c["say"]["front"]
+    assert c["say"]["section"].startswith("## The LM head and its loss")  # no sweep rows
+    assert ("At 1024×64×1000, no other implementation is both faster and smaller than ours at any "
+            "chunking, and at some chunking ours is both faster and smaller than PyTorch eager "
+            "and torch.compile.") in text
+    assert ("The least memory is Cut Cross-Entropy's, 150 MiB at 8.00 ms without a bias, against "
+            "ours at 4 chunks: 200 MiB at 4.00 ms.") in text
+    assert ("Our default, 2 chunks of 512 rows (1 MiB of logits a chunk), is on the front without "
+            "a bias: 3.20 ms and 300 MiB, against 3.00 ms and 520 MiB at 1 chunk and 4.00 ms and "
+            "200 MiB at 4 chunks.") in text
+    assert "@fig-lm-front" in text and "nearer their peak" in text
+    assert c["front"]["default"].sum() == 2 and not c["front"]["from_sweep"].any()
+    for pattern, what in AS_WORDS:  # a reader's words: no file names nor identifiers
+        for body in (text, lm_head.FRONT_CAPTION):
+            assert not pattern.search(as_words(body)), (what, pattern.search(as_words(body)))
+    md = lm_head.front_figure(c, tmp_path / "figures")
+    assert md.startswith("![The LM head and its loss in bfloat16")
+    assert "](figures/lm-head-front.svg){#fig-lm-front width=100%}" in md and text in md
+    assert (tmp_path / "figures" / "lm-head-front.svg").stat().st_size > 1000
+    assert not plt.get_fignums()  # drawn, written and closed: the cell shows no figure itself
+
+    # torch.compile both faster and smaller than ours at one and two chunks: said, with numbers.
+    _front_csv(tmp_path, compile_at=(2.5, 250.0))
+    text = lm_head.compute([tmp_path])["say"]["front"]
+    assert "no other implementation is both faster and smaller" not in text
+    assert ("torch.compile is both faster and smaller than ours at 1 chunk with a bias (2.50 "
+            "against 3.00 ms, 250 against 520 MiB); torch.compile is both faster and smaller than "
+            "ours at 2 chunks with a bias (2.50 against 3.20 ms, 250 against 300 MiB)") in text
+    assert "is off the front without a bias" in text
+
+    # The default from the sweep's rows of ours, and max-autotune's point (with a bias) from them.
+    _front_csv(tmp_path, default=False)
+    sweep = pd.DataFrame(dict(
+        family="linear_cross_entropy", op="linear_cross_entropy_fwd_bwd",
+        impl=["triton_fused", "torch_compile_max"], variant=["chunks of 512 rows", None],
+        dtype="bfloat16", precision="bfloat16", tokens=1024, hidden=64, vocab=1000, status="ok",
+        sweep="size", gpu="NVIDIA H100 80GB HBM3", run_id="r", ms_median=[3.1, 2.9],
+        peak_mib=[310.0, 400.0]))
+    sweep.to_parquet(tmp_path / "linear_cross_entropy.parquet")
+    c = lm_head.compute([tmp_path])
+    pts = c["front"]
+    assert pts["default"].sum() == 2 and set(pts[pts["default"]]["rows"]) == {512}
+    autotune = pts[pts["impl"] == "torch_compile_max"]
+    assert len(autotune) == 1 and autotune["bias"].all() and autotune["from_sweep"].all()
+    assert ("torch.compile max-autotune is both faster and smaller than ours at 1 chunk with a "
+            "bias") in c["say"]["front"]
+    fig = lm_head.fig_front(pts)
+    assert len(fig.axes) == 1 and fig.axes[0].get_title() == "1024×64×1000"
+    plt.close(fig)
+
+
+def test_lm_head_front_in_the_chapter(tmp_path):
+    """The matmul chapter prints the front's figure and paragraph after the LM head's table where
+    the folder has the step's file (the reference with one added), nothing where it has none."""
+    import shutil as sh
+
+    from triton_fusion_report.analysis.book import lm_head
+
+    qmd = ROOT / "report" / "matmul.qmd"
+    printed = "".join(run_chapter(qmd, REFERENCE)["printed"])
+    assert "{#tbl-lm-head}" in printed and "fig-lm-front" not in printed
+    folder = tmp_path / "ref"
+    sh.copytree(REFERENCE, folder)
+    shape = pd.read_parquet(REFERENCE / "linear_cross_entropy.parquet").iloc[0]
+    _front_csv(folder)
+    front = pd.read_csv(folder / "lm_head_front.csv")
+    front[["tokens", "hidden", "vocab"]] = shape[["tokens", "hidden", "vocab"]].to_list()
+    front.to_csv(folder / "lm_head_front.csv", index=False)
+    printed = "".join(run_chapter(qmd, folder)["printed"])
+    assert printed.index("{#tbl-lm-head}") < printed.index("{#fig-lm-front width=100%}")
+    assert (lm_head.FIG_DIR / lm_head.FIG_NAME).exists()  # the test's folder (_no_cache)
 
 
 def test_model_section_reads_the_model_check(tmp_path):

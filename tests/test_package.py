@@ -99,7 +99,8 @@ def test_the_bench_says_what_a_missing_peer_leaves_out(monkeypatch):
 
     problems = families.select_problems(SimpleNamespace(grid="reference", family=None, op=None,
                                                         where=None))
-    installed = {"liger": (None, ""), "flag_gems": ("5.0.2", "flag-gems 5.0.2")}
+    installed = {"liger": (None, ""), "flag_gems": ("5.0.2", "flag-gems 5.0.2"),
+                 "cce": ("25.1.1", "cut-cross-entropy 25.1.1")}
     monkeypatch.setattr(peers, "_version", lambda impl: installed[impl])
     monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
     lines = peers.missing(problems, tail=True)
@@ -108,3 +109,8 @@ def test_the_bench_says_what_a_missing_peer_leaves_out(monkeypatch):
                                f"liger-kernel==0.8.5") and f"its {n} rows (" in lines[0]
     assert "transformers is not installed" in lines[1] and len(lines) == 2
     assert peers.missing(problems, tail=False) == lines[:1]
+    installed["cce"] = (None, "")  # the LM head front's peer alone: said where the tail runs
+    lines = peers.missing(problems, tail=True)
+    assert lines[1].startswith("bench: cut-cross-entropy is not installed (pip install "
+                               "cut-cross-entropy==25.1.1") and "front" in lines[1]
+    assert len(lines) == 3 and peers.missing(problems, tail=False) == lines[:1]

@@ -97,7 +97,7 @@ def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     assert cli.run_tail(cli.start_tail(out), out) == 1
     assert (tmp_path / "launch_cost.ran").read_text() == f"--out {out / 'launch_cost.csv'}"
-    assert cli.done(out) == {"launch_cost", "model_check"}
+    assert cli.done(out) == {"launch_cost", "model_check", "lm_head_front"}
     again = cli.start_tail(out, cli.done(out))
     assert [step for step, _ in again] == ["seed002"]
     for _, proc in again:
@@ -111,7 +111,7 @@ def test_tail_steps_all_run_when_one_fails(tmp_path, capsys, monkeypatch):
     waiting = cli.start_tail(out)
     for _, proc in waiting:
         proc.stdin.close()
-    assert [proc.wait(timeout=60) for _, proc in waiting] == [2, 2, 2]
+    assert [proc.wait(timeout=60) for _, proc in waiting] == [2] * len(cli.TAIL_STEPS)
     assert not list(tmp_path.glob("*.ran"))
     (steps / "launch_cost.py").write_text("raise RuntimeError('a step that fails to import')\n")
     assert cli.run_tail(cli.start_tail(out)) == 1  # it died before its turn: the rest still run
@@ -154,3 +154,25 @@ def test_warm_processes_run_the_smoke_grid(tmp_path, monkeypatch, device):
     took, longest = warm.run(args, problems, 2)
     assert took > 0 and "a process's start" in longest and "add_mul" in longest, longest
     assert warm.already_warm(args, problems, False)
+
+
+def test_lm_head_front_is_a_tail_step_without_max_autotune(tmp_path):
+    """The LM head's time-memory front runs after the sweep into the folder's CSV, without
+    max-autotune unless asked (`--max`), at every chunking and at the one our op takes by
+    itself."""
+    from triton_fusion_report.analysis.bench import lm_head_front as F
+    from triton_fusion_report.analysis.bench import steps, warm
+
+    out = tmp_path / "run"
+    argv = steps.step_argv(out, "lm_head_front")
+    assert argv == ["--out", str(out / "lm_head_front.csv")]
+    assert not F.parse(argv).max and F.parse([*argv, "--max"]).max
+    assert ("lm_head_front", None) in warm.TAIL
+    for n, _, v in F.SHAPES:
+        rows = F.chunk_rows(n, v)
+        assert F.default_rows(n, v) in rows and {-(-n // c) for c in F.CHUNKS} <= set(rows)
+        impls = [impl for impl, _, _ in F._impls(n, v, bias=False, most=False)]
+        assert "torch_compile_max" not in impls and "cce" in impls
+        assert impls.count("triton_fused") == len(rows)
+        with_max = [impl for impl, _, _ in F._impls(n, v, bias=True, most=True)]
+        assert "torch_compile_max" in with_max and "cce" not in with_max

@@ -9,10 +9,10 @@ Refused, with every reason, unless RUN is one clean bench of a reference grid (`
 or `make bench GRID=full`; one run, or the per-GPU runs of one `--workers` bench and its resumes,
 see `bench_problems`): finished, at one clean commit, the sweep's rows of its run ids, every
 family of the grid present, every row and every file that records a commit at that commit (the
-later steps too: seed 002, the launch costs, the GPT-2 check, the profile), and every family's
-Triton rows of this checkout's kernels (their kernel hash, analysis/sources.py). What a reference
-lacks (the profile, a tail step's file) is said, not refused. `--dry-run` prints what would
-change.
+later steps too: seed 002, the launch costs, the GPT-2 check, the LM head's front, the profile),
+and every family's Triton rows of this checkout's kernels (their kernel hash,
+analysis/sources.py). What a reference lacks (the profile, a tail step's file) is said, not
+refused. `--dry-run` prints what would change.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ DATA_SUFFIXES = (".parquet", ".csv")
 # became the book's subset; before, a run without one was of the full grid).
 REFERENCE_GRIDS = ("reference", "full")
 # What a complete reference holds besides the sweep's files: the tail steps' and the profile's.
-EXPECTED = ("seed002.parquet", "launch_cost.csv", "model_check.csv", "profile.parquet",
-            "profile_details.parquet")
+EXPECTED = ("seed002.parquet", "launch_cost.csv", "model_check.csv", "lm_head_front.csv",
+            "profile.parquet", "profile_details.parquet")
 
 
 def bench_problems(rec: pd.DataFrame) -> list[str]:
@@ -112,7 +112,8 @@ def problems(run: Path) -> list[str]:
         if df is None:
             continue
         # Every file that records a commit is of the run's: the sweep's, and the later steps'
-        # (seed 002, the launch costs, the GPT-2 check, the profile), which are runs of their own.
+        # (seed 002, the launch costs, the GPT-2 check, the LM head's front, the profile), which
+        # are runs of their own.
         seen = sorted(set(df["git_commit"].dropna().astype(str))) if "git_commit" in df else []
         if seen and seen != [commit]:
             out.append(f"{path.name}: git_commit {seen}, not {commit} (a reference is one "

@@ -9,8 +9,9 @@
   (`analysis.sources`) are the book's too: they live above, torch-free.
 - The grids, one module per family group: `elementwise`, `reductions`, `attention`,
   `matmul_epilogue`.
-- The tail steps `make bench` runs after the sweep: `seed002`, `host_overhead`, `launch_cost`,
-  `model_check`; and `profile` (`make profile`, Nsight Compute).
+- The tail steps `make bench` runs after the sweep (`steps`): `seed002`, `launch_cost`,
+  `model_check`, `lm_head_front`; `host_overhead`, a diagnostic run by hand; and `profile`
+  (`make profile`, Nsight Compute).
 
 Importing this package imports nothing heavy. The book imports nothing of it.
 """

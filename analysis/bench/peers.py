@@ -19,7 +19,11 @@ from .sweep import Variant
 
 # impl -> (module, distribution, the version the references were measured with)
 PINNED = {"liger": ("liger_kernel", "liger-kernel", "0.8.5"),
-          "flag_gems": ("flag_gems", "flag-gems", "5.0.2")}
+          "flag_gems": ("flag_gems", "flag-gems", "5.0.2"),
+          # Apple's Cut Cross-Entropy: no sweep rows, the LM head front's (a tail step) alone.
+          "cce": ("cut_cross_entropy", "cut-cross-entropy", "25.1.1")}
+# The peers measured by a tail step alone, and what lacks them.
+TAIL_PEERS = {"cce": "the LM head front's Cut Cross-Entropy points"}
 # Not a baseline: the model the GPT-2 check builds (analysis/bench/model_check.py), pinned too.
 # `make setup` installs these on a GPU machine (pyproject.toml's `peers` and `model` extras).
 MODEL = ("transformers", "transformers", "5.17.0")
@@ -74,6 +78,11 @@ def missing(problems, tail: bool = False) -> list[str]:
             out.append(f"bench: {dist} is not installed (pip install {dist}=={pinned}; make "
                        f"setup installs it on a GPU machine): its {len(rows)} rows ("
                        f"{', '.join(sorted(set(rows)))}) will say unsupported")
+    for impl, what in TAIL_PEERS.items():
+        if tail and _version(impl)[0] is None:
+            _, dist, pinned = PINNED[impl]
+            out.append(f"bench: {dist} is not installed (pip install {dist}=={pinned}; make setup "
+                       f"installs it on a GPU machine): {what} will say unsupported")
     if tail and importlib.util.find_spec(MODEL[0]) is None:
         out.append(f"bench: {MODEL[1]} is not installed (pip install {MODEL[1]}=={MODEL[2]}): "
                    "the GPT-2 check will be skipped")

@@ -7,7 +7,9 @@ from pathlib import Path
 # The steps after the sweep (module of analysis.bench, its arguments after --out), each in a
 # process of its own: a process that ran the sweep holds its memory and a larger heap, which
 # raised the GPT-2 check's peak memory, host time per step and compile time (measured).
-TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()))
+# lm_head_front: the LM head's time against its memory, without max-autotune (its default).
+TAIL_STEPS = (("seed002", ()), ("launch_cost", ("launch_cost.csv",)), ("model_check", ()),
+              ("lm_head_front", ("lm_head_front.csv",)))
 # A step that ran to its end (exit 0) leaves a mark here, so that a folder's later command runs
 # only the steps not done (a device call's time limit may cut the tail; its files alone cannot
 # say, the GPT-2 check writes its CSV files part by part).

@@ -12,9 +12,10 @@ compiling them. Nothing chosen under the workers' contention is kept: they store
 (Triton's, our tuner's and FlagGems' disk copies are off in them, as is Inductor's autotuning
 cache), and a max-autotune graph, which holds its search's pick, is not cached either; every
 choice the timed rows run is made by the timed process alone. With `tail`, the workers also make
-the first calls of the steps after the sweep (the GPT-2 check's compiled models, the launch-cost
-cases), the longest jobs, taken first. Nothing a worker does reaches the results: a variant that
-fails here fails (or not) again in the timed sweep, which records it.
+the first calls of the steps after the sweep (the GPT-2 check's compiled models, the LM head
+front's compiled graphs and kernels, the launch-cost cases), the longest jobs, taken first.
+Nothing a worker does reaches the results: a variant that fails here fails (or not) again in the
+timed sweep, which records it.
 
 A pass that ran to its end, no job failing, leaves a marker file in Triton's and Inductor's cache
 folders, named by what it warmed (`marker_name`); a later bench of the same finds both markers
@@ -41,10 +42,10 @@ WARMED = ("triton_unfused", "triton_fused", "torch_compile", "torch_compile_max"
           "flag_gems")
 MAX_WORKERS = 12
 # The first calls of the steps after the sweep, as (module of analysis.bench, argument of its
-# warm): one job per compiled GPT-2, the longest jobs.
+# warm): one job per compiled GPT-2, the longest jobs; the LM head front's graphs and kernels.
 TAIL = (("model_check", "torch_compile"), ("model_check", "torch_compile_triton_head"),
         ("model_check", "triton_fused"), ("model_check", "torch_compile_triton_graph"),
-        ("launch_cost", None))
+        ("lm_head_front", None), ("launch_cost", None))
 
 
 def default_workers() -> int:

@@ -22,6 +22,7 @@ IMPL_LABEL = {
     "torch_compile": "torch.compile",
     "torch_compile_max": "torch.compile max-autotune",
     "liger": "Liger-Kernel",
+    "cce": "Cut Cross-Entropy",
     "flag_gems": "FlagGems",
     "cublaslt": "cuBLASLt epilogue",
     "triton_unfused": "Triton unfused",
@@ -36,7 +37,7 @@ SHORT_LABEL = {"torch_eager": "eager", "torch_compile": "compile",
                "torch_compile_max": "max-autotune", "triton_unfused": "unfused",
                "triton_fused": "fused", "sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN",
                "sdpa_efficient": "mem-eff.", "cublas": "cuBLAS alone", "cublaslt": "cuBLASLt",
-               "liger": "Liger", "flag_gems": "FlagGems"}
+               "liger": "Liger", "cce": "CCE", "flag_gems": "FlagGems"}
 # Dtype names short enough for a label.
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -368,7 +369,8 @@ def toy(ms) -> bool:
 # The files of the steps a bench runs after its sweep (analysis/bench/steps.py's TAIL_STEPS;
 # the book does not import the bench) and of its profile, as the banner names them.
 TAIL_FILES = {"seed002.parquet": "the second seed of softmax(X) @ V",
-              "launch_cost.csv": "the launch costs", "model_check.csv": "the GPT-2 check"}
+              "launch_cost.csv": "the launch costs", "model_check.csv": "the GPT-2 check",
+              "lm_head_front.csv": "the LM head's time-memory front"}
 PROFILE_FILE = "profile.parquet"
 
 

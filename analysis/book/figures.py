@@ -22,6 +22,7 @@ STYLE = {
     "cublaslt": dict(color="#0b7285", marker="X", ls="-"),  # darker than cuBLAS: bars side by side
     "liger": dict(color="#bcbd22", marker="h", ls="-"),
     "flag_gems": dict(color="#e377c2", marker="p", ls="-"),
+    "cce": dict(color="#9467bd", marker="D", ls="-"),  # Apple's Cut Cross-Entropy
 }
 
 

@@ -12,6 +12,7 @@ call per trial: pipeline checks, not numbers.
 """
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -123,13 +124,21 @@ def peak_mib(fn, device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    # Read after the reset, which sets the peak to what is allocated then: a tensor the garbage
-    # collector frees between the two reads cannot make the peak fall below the base.
-    base = torch.cuda.memory_allocated(device)
-    out = fn()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base
+    # The garbage collector off while measured: cyclic garbage freed during the call would lower
+    # the peak below the base (a test read a later attention call's peak below its own
+    # gradients so). Turning it off costs nothing; a collection here would cost every row.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        torch.cuda.reset_peak_memory_stats(device)
+        # Read after the reset, which sets the peak to what is allocated then.
+        base = torch.cuda.memory_allocated(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+    finally:
+        if enabled:
+            gc.enable()
     del out
     return peak / 2**20
 

@@ -132,20 +132,16 @@ def _activation_grad_kernel(h_ptr, dy_ptr, dh_ptr, n, ACTIVATION: tl.constexpr,
 
 def backward(dy, x, weight, bias, activation, need_dx, need_dw, need_db) -> tuple:
     """(dx, dweight, dbias), None where not needed: h = x W + b recomputed by cuBLAS in the input
-    dtype (as eager would have stored it); dh = dy * act'(h) in one Triton pass, written over h;
-    dx = dh W^T, dW = x^T dh, db = sum dh (PyTorch's sum accumulates a half-precision dtype in
-    float32 and rounds once). Each tensor allocated here costs the host ~19 us on the autograd
-    engine's worker thread (docs/bench.md, "Host cost a call"): hence dh in h's memory and no
-    cast after the sum."""
+    dtype (as eager would have stored it); dh = dy * act'(h) in one Triton pass; dx = dh W^T,
+    dW = x^T dh, db = sum dh (cuBLAS)."""
     h = torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
     dy = dy.contiguous()
+    dh = torch.empty_like(h)
     block = 1024
-    # In place: each element of h is read, then dh written there, by the same program.
-    launch(_activation_grad_kernel, (cdiv(h.numel(), block),), h, dy, h, h.numel(),
+    launch(_activation_grad_kernel, (cdiv(h.numel(), block),), h, dy, dh, h.numel(),
            ACTIVATION=activation, BLOCK=block)
-    dh = h
     return (dh @ weight.t() if need_dx else None, x.t() @ dh if need_dw else None,
-            dh.sum(0) if need_db else None)
+            dh.sum(0, dtype=torch.float32).to(bias.dtype) if need_db else None)
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

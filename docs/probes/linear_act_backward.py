@@ -1,8 +1,9 @@
-"""(Run at dc4670e as .device/probe_linear_act.py, PYTHONPATH at the repository root; its
-second shape then failed on the floor, fixed here.) Interleaved host and device cost of linear_act fwd+bwd: the backward before this commit
-(dh in a new tensor, db summed in float32 then cast) against the current one (dh over h, db
-summed in the dtype), on one machine, swapped in the same autograd.Function; eager and the floor
-beside. Also a correctness check of the two against float64."""
+"""Interleaved host and device cost of linear_act fwd+bwd: main's backward (`old_backward` below:
+dh in a new tensor, db summed in float32 then cast) against branch linear-act-backward-host's
+(`la.backward` there: dh over h, db summed in the dtype), on one machine, swapped in the same
+autograd.Function; eager and the floor beside; both checked against float64. Run it on that
+branch (on main both sides are the same code). Run at dc4670e as .device/probe_linear_act.py,
+PYTHONPATH at the repository root; its second shape then failed on the floor, fixed here."""
 import statistics, sys, time
 import torch, torch.nn.functional as F
 from triton_fusion_report import kernels

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from triton_fusion_report import kernels
+from triton_fusion_report.analysis.bench.timing import peak_mib
 
 from conftest import DEVICE, FULL, TOL, fast_cases, full, rel_err
 
@@ -594,22 +595,12 @@ def test_a_first_call_allocates_as_a_later_one(monkeypatch):
                            requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
 
-    def peak() -> int:
-        # Cyclic garbage of earlier tests collected before, never during, the call: freed
-        # mid-call it lowers the peak below the base (a later call read 2.2 MB, natively at
-        # dc4670e, with the scratch cache emptied).
+    def peak() -> float:
+        # Earlier tests' cyclic garbage collected before the call; peak_mib keeps the collector
+        # off during it (freed mid-call, garbage lowers the peak below the base).
         gc.collect()
-        gc.disable()
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            grads = torch.autograd.grad(kernels.attention(q, k, v, causal=True), (q, k, v), do)
-            torch.cuda.synchronize()
-            del grads
-            return torch.cuda.max_memory_allocated() - base
-        finally:
-            gc.enable()
+        return peak_mib(lambda: torch.autograd.grad(kernels.attention(q, k, v, causal=True),
+                                                    (q, k, v), do), q.device) * 2**20
 
     # The steady peak: the highest of three later calls.
     first = peak()

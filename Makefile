@@ -62,6 +62,8 @@ help: ## list the targets
 
 setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependencies (once)
 
+# $(PY) may be a venv's own python (a lent GPU machine's is /opt/torch/.venv's), whose packages
+# --system-site-packages does not reach: a .pth file puts its site-packages after the venv's own.
 # The peers and transformers (pyproject.toml's `peers` and `model` extras), on a GPU machine only,
 # each alone, held to the torch and triton there (a constraint: never another torch's download);
 # one that cannot be installed is said, and the bench says which rows will lack it.
@@ -71,6 +73,8 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	@if $(PY) -c "import sys, torch, triton; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "setup: $(PY) has a CUDA torch and triton: reusing them (venv with system site-packages)"; \
 	  $(PY) -m venv --system-site-packages $(VENV) && \
+	  $(PY) -c "import site; print('\n'.join(site.getsitepackages()))" \
+	    > "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_reused_python.pth" && \
 	  grep -vE '^(torch|triton|numpy)==' requirements.txt > $(VENV)/requirements-gpu.txt && \
 	  $(VENV)/bin/pip install -q -r $(VENV)/requirements-gpu.txt && \
 	  $(VENV)/bin/python -c "import torch, triton; print(f'torch=={torch.__version__}\ntriton=={triton.__version__}')" > $(VENV)/constraints-gpu.txt && \

@@ -65,9 +65,15 @@ setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependen
 # $(PY) may be a venv's own python (a lent GPU machine's is /opt/torch/.venv's), whose packages
 # --system-site-packages does not reach: a .pth file puts its site-packages after the venv's own.
 # The peers and transformers (pyproject.toml's `peers` and `model` extras), on a GPU machine only,
-# each alone, held to the torch and triton there (a constraint: never another torch's download);
-# one that cannot be installed is said, and the bench says which rows will lack it.
-EXTRAS := $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/p' pyproject.toml | grep -E '^(peers|model) *=' | grep -oE '"[^"]+"' | tr -d '"')
+# each alone; one that cannot be installed is said, and the bench says which rows will lack it.
+# The peers go in without their declared dependencies: torch and triton are the machine's, and
+# FlagGems pins numpy==1.26.4 and packaging==26.0 exactly, which would put numpy 1 under the
+# machine's numpy-2 packages (the lent H100's jax, scipy, contourpy: three tests then failed).
+# What they import beyond those (`peer-imports`: FlagGems' sqlalchemy) and transformers go in held
+# to the machine's torch, triton and numpy (a constraint: never another torch's download).
+extra = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/p' pyproject.toml | grep -E '^$(1) *=' | grep -oE '"[^"]+"' | tr -d '"')
+PEERS := $(call extra,peers)
+PEER_NEEDS := $(call extra,peer-imports) $(call extra,model)
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@if $(PY) -c "import sys, torch, triton; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -77,10 +83,14 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	    > "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_reused_python.pth" && \
 	  grep -vE '^(torch|triton|numpy)==' requirements.txt > $(VENV)/requirements-gpu.txt && \
 	  $(VENV)/bin/pip install -q -r $(VENV)/requirements-gpu.txt && \
-	  $(VENV)/bin/python -c "import torch, triton; print(f'torch=={torch.__version__}\ntriton=={triton.__version__}')" > $(VENV)/constraints-gpu.txt && \
-	  for req in $(EXTRAS); do \
-	    $(VENV)/bin/pip install -q -c $(VENV)/constraints-gpu.txt "$$req" \
+	  $(VENV)/bin/python -c "import numpy, torch, triton; print(f'torch=={torch.__version__}\ntriton=={triton.__version__}\nnumpy=={numpy.__version__}')" > $(VENV)/constraints-gpu.txt && \
+	  for req in $(PEERS); do \
+	    $(VENV)/bin/pip install -q --no-deps "$$req" \
 	      || echo "setup: could not install $$req: its rows will say unsupported (the bench and the book say so)"; \
+	  done; \
+	  for req in $(PEER_NEEDS); do \
+	    $(VENV)/bin/pip install -q -c $(VENV)/constraints-gpu.txt "$$req" \
+	      || echo "setup: could not install $$req: the bench says which rows will lack it"; \
 	  done; \
 	else \
 	  echo "setup: CPU machine: torch (CPU build) and triton from requirements.txt"; \

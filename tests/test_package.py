@@ -68,8 +68,9 @@ def test_no_top_level_imports():
 
 def test_setup_installs_the_pinned_peers_on_a_gpu_machine(tmp_path):
     """pyproject.toml's `peers` and `model` extras pin what the bench measures against (peers.py:
-    PINNED, MODEL), and `make setup`'s GPU branch installs each of them, held to the torch and
-    triton already there, saying which could not be installed; the CPU branch installs none."""
+    PINNED, MODEL), and `make setup`'s GPU branch installs each of them, the peers without their
+    declared dependencies and the rest held to the torch, triton and numpy already there, saying
+    which could not be installed; the CPU branch installs none."""
     import tomllib
 
     from triton_fusion_report.analysis.bench import peers
@@ -85,9 +86,14 @@ def test_setup_installs_the_pinned_peers_on_a_gpu_machine(tmp_path):
     dry = subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'venv'}", "PY=false"],
                          cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     gpu, cpu = dry.split("\nelse")
-    for req in extras["peers"] + extras["model"]:
+    for req in extras["peers"] + extras["peer-imports"] + extras["model"]:
         assert req in gpu and req not in cpu
     assert "constraints-gpu.txt" in gpu and "could not install" in gpu
+    # The peers without their declared dependencies (FlagGems' numpy==1.26.4 would replace the
+    # machine's numpy 2); what they import, and transformers, held to the machine's numpy too.
+    peers_loop = gpu[gpu.index(f"for req in {' '.join(extras['peers'])}"):]
+    assert "--no-deps" in peers_loop.split("done")[0]
+    assert "numpy==" in gpu
 
 
 def test_the_bench_says_what_a_missing_peer_leaves_out(monkeypatch):

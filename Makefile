@@ -68,7 +68,7 @@ setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependen
 # each alone; one that cannot be installed is said, and the bench says which rows will lack it.
 # The peers go in without their declared dependencies: torch and triton are the machine's, and
 # FlagGems pins numpy==1.26.4 and packaging==26.0 exactly, which would put numpy 1 under the
-# machine's numpy-2 packages (the lent H100's jax, scipy, contourpy: three tests then failed).
+# machine's numpy-2 packages (docs/benchmarking.md).
 # What they import beyond those (`peer-imports`: FlagGems' sqlalchemy) and transformers go in held
 # to the machine's torch, triton and numpy (a constraint: never another torch's download).
 extra = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/p' pyproject.toml | grep -E '^$(1) *=' | grep -oE '"[^"]+"' | tr -d '"')

@@ -69,8 +69,10 @@ setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependen
 # The peers go in without their declared dependencies: torch and triton are the machine's, and
 # FlagGems pins numpy==1.26.4 and packaging==26.0 exactly, which would put numpy 1 under the
 # machine's numpy-2 packages (docs/benchmarking.md).
-# What they import beyond those (`peer-imports`: FlagGems' sqlalchemy) and transformers go in held
-# to the machine's torch, triton and numpy (a constraint: never another torch's download).
+# What they import beyond those (`peer-imports`: FlagGems' sqlalchemy) and transformers go in
+# first, held to the machine's torch, triton and numpy (a constraint: never another torch's
+# download); the peers last, so that pip's check of installed pins (skipped by --no-deps) never
+# reports FlagGems' unmet pins as an ERROR.
 extra = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/p' pyproject.toml | grep -E '^$(1) *=' | grep -oE '"[^"]+"' | tr -d '"')
 PEERS := $(call extra,peers)
 PEER_NEEDS := $(call extra,peer-imports) $(call extra,model)
@@ -84,13 +86,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	  grep -vE '^(torch|triton|numpy)==' requirements.txt > $(VENV)/requirements-gpu.txt && \
 	  $(VENV)/bin/pip install -q -r $(VENV)/requirements-gpu.txt && \
 	  $(VENV)/bin/python -c "import numpy, torch, triton; print(f'torch=={torch.__version__}\ntriton=={triton.__version__}\nnumpy=={numpy.__version__}')" > $(VENV)/constraints-gpu.txt && \
-	  for req in $(PEERS); do \
-	    $(VENV)/bin/pip install -q --no-deps "$$req" \
-	      || echo "setup: could not install $$req: its rows will say unsupported (the bench and the book say so)"; \
-	  done; \
 	  for req in $(PEER_NEEDS); do \
 	    $(VENV)/bin/pip install -q -c $(VENV)/constraints-gpu.txt "$$req" \
 	      || echo "setup: could not install $$req: the bench says which rows will lack it"; \
+	  done; \
+	  for req in $(PEERS); do \
+	    $(VENV)/bin/pip install -q --no-deps "$$req" \
+	      || echo "setup: could not install $$req: its rows will say unsupported (the bench and the book say so)"; \
 	  done; \
 	else \
 	  echo "setup: CPU machine: torch (CPU build) and triton from requirements.txt"; \

@@ -91,8 +91,11 @@ def test_setup_installs_the_pinned_peers_on_a_gpu_machine(tmp_path):
     assert "constraints-gpu.txt" in gpu and "could not install" in gpu
     # The peers without their declared dependencies (FlagGems' numpy==1.26.4 would replace the
     # machine's numpy 2); what they import, and transformers, held to the machine's numpy too.
-    peers_loop = gpu[gpu.index(f"for req in {' '.join(extras['peers'])}"):]
-    assert "--no-deps" in peers_loop.split("done")[0]
+    peers_at = gpu.index(f"for req in {' '.join(extras['peers'])}")
+    assert "--no-deps" in gpu[peers_at:].split("done")[0]
+    # The peers last: pip's check of installed pins (which --no-deps skips) would otherwise print
+    # FlagGems' unmet pins as an ERROR when the constrained installs follow.
+    assert gpu.index(f"for req in {' '.join(extras['peer-imports'] + extras['model'])}") < peers_at
     assert "numpy==" in gpu
 
 

@@ -64,15 +64,11 @@ setup: $(SETUP_STAMP) ## make the virtual environment .venv with pinned dependen
 
 # $(PY) may be a venv's own python (a lent GPU machine's is /opt/torch/.venv's), whose packages
 # --system-site-packages does not reach: a .pth file puts its site-packages after the venv's own.
-# The peers and transformers (pyproject.toml's `peers` and `model` extras), on a GPU machine only,
-# each alone; one that cannot be installed is said, and the bench says which rows will lack it.
-# The peers go in without their declared dependencies: torch and triton are the machine's, and
-# FlagGems pins numpy==1.26.4 and packaging==26.0 exactly, which would put numpy 1 under the
-# machine's numpy-2 packages (docs/benchmarking.md).
-# What they import beyond those (`peer-imports`: FlagGems' sqlalchemy) and transformers go in
-# first, held to the machine's torch, triton and numpy (a constraint: never another torch's
-# download); the peers last, so that pip's check of installed pins (skipped by --no-deps) never
-# reports FlagGems' unmet pins as an ERROR.
+# On a GPU machine only, each alone (one that cannot be installed is said): transformers and what
+# the peers import (`model`, `peer-imports`) held to the machine's torch, triton and numpy; then
+# the peers without their declared dependencies (FlagGems pins numpy==1.26.4), last, as pip's
+# check of installed pins, skipped by --no-deps, would print those pins as an ERROR
+# (docs/benchmarking.md).
 extra = $(shell sed -n '/^\[project.optional-dependencies\]/,/^\[/p' pyproject.toml | grep -E '^$(1) *=' | grep -oE '"[^"]+"' | tr -d '"')
 PEERS := $(call extra,peers)
 PEER_NEEDS := $(call extra,peer-imports) $(call extra,model)

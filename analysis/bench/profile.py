@@ -316,7 +316,8 @@ def run_pass(run_case, path: Path, cases: list[int], ncu: str, raw: Path, meta: 
         if i in done:
             print(f"{CASES[i][0]} {CASES[i][1]}: in {path.name} already", flush=True)
             continue
-        left = None if deadline is None else deadline - time.monotonic()
+        t0 = time.monotonic()
+        left = None if deadline is None else deadline - t0
         if left is not None and left <= 0:
             rows.append(dict(_case_base(i, meta), impl=None, status="skipped",
                              error="the profile's budget was spent before this case (the same "
@@ -328,8 +329,9 @@ def run_pass(run_case, path: Path, cases: list[int], ncu: str, raw: Path, meta: 
                 new = [dict(r, status="failed") if r["status"] == "skipped" else r for r in new]
             ran.append(i)
             rows += new
-        print(f"{CASES[i][0]} {CASES[i][1]}: {rows[-1]['status']}, "
-              f"{sum(r['status'] == 'ok' for r in rows)} kernels so far", flush=True)
+        print(f"{CASES[i][0]} {CASES[i][1]}: {rows[-1]['status']} in "
+              f"{time.monotonic() - t0:.0f} s, {sum(r['status'] == 'ok' for r in rows)} "
+              "kernels so far", flush=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_parquet(path, index=False)
     return rows

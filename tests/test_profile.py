@@ -239,7 +239,8 @@ def test_profile_by_case_keeps_the_other_cases(tmp_path):
 
 def test_profile_reads_what_the_book_reads():
     """The DRAM pass profiles ours and eager only (the book reads the unfused over the fused
-    bytes, and eager's backward against ours); the details pass every possible rival of ours.
+    bytes, and eager's backward against ours); the details pass, without the sweep's rows, every
+    possible rival of ours.
     The LayerNorm backward's kernels are profiled through their direct call (graph_fn), not the
     autograd engine's thread."""
     from triton_fusion_report.analysis.bench import profile as P
@@ -331,3 +332,35 @@ def test_profile_case_cut_by_the_budget_is_skipped_a_stall_failed(tmp_path, monk
     monkeypatch.setattr(P, "CASE_TIMEOUT_S", 1)
     rows = P.profile_case(0, str(hung), tmp_path, dict(gpu="x"))
     assert rows[0]["status"] == "failed" and "ran past 1 s" in rows[0]["error"]
+
+
+def test_profile_details_take_the_sweeps_fastest_other(tmp_path, monkeypatch):
+    """Where the folder holds the sweep's rows at a details case's configuration, the details
+    pass profiles ours and the fastest other there (each implementation's median over its
+    trials; never the unfused version, a failed row or another shape); else every rival."""
+    from triton_fusion_report.analysis.bench import profile as P
+
+    i = next(i for i, c in enumerate(P.CASES) if c[0] == "attention")
+    family, op, dtype, _ = P.CASES[i]
+    shape = P.find_problem(P.CASES[i]).shape
+    row = dict(op=op, dtype=dtype, sweep="size", status="ok", **shape)
+    rows = [dict(row, impl="triton_fused", ms_median=ms) for ms in (0.9, 1.0, 1.1)]
+    rows += [dict(row, impl="sdpa_cudnn", ms_median=ms) for ms in (0.84, 0.85, 2.0)]
+    rows += [dict(row, impl="torch_compile", ms_median=0.86),
+             dict(row, impl="triton_unfused", ms_median=0.1),  # not a rival
+             dict(row, impl="sdpa_flash", ms_median=0.01, status="failed"),
+             dict(row, impl="torch_eager", ms_median=0.01, sweep="block"),
+             dict(row, impl="flag_gems", ms_median=0.01, seq=shape["seq"] // 2)]
+    calls = []
+    monkeypatch.setattr(P, "_ncu_run", lambda *a: calls.append(a[-1]) or (None, "no ncu"))
+    assert P.sweep_pair(tmp_path, P.CASES[i]) is None  # no rows: every rival
+    P.details_case(i, "ncu", tmp_path, dict(gpu="x"), out=tmp_path)
+    pd.DataFrame(rows).to_parquet(tmp_path / f"{family}.parquet")
+    assert P.sweep_pair(tmp_path, P.CASES[i]) == ("triton_fused", "sdpa_cudnn")
+    P.details_case(i, "ncu", tmp_path, dict(gpu="x"), out=tmp_path)
+    P.details_case(i, "ncu", tmp_path, dict(gpu="x"), out=tmp_path, all_impls=True)
+    assert calls == [("--skip", ",".join(P.DETAIL_SKIP)),
+                     ("--impls", "triton_fused,sdpa_cudnn"), ()]
+    pd.DataFrame([r for r in rows if r["impl"] != "triton_fused"]).to_parquet(
+        tmp_path / f"{family}.parquet")
+    assert P.sweep_pair(tmp_path, P.CASES[i]) is None  # ours not measured there: every rival

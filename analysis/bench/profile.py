@@ -18,8 +18,10 @@ them up per implementation.
 more, through ncu's details page (DETAIL_SECTIONS: speed of light, compute workload, launch
 statistics, occupancy, warp states), into DIR/profile_details.parquet: one row per kernel with
 its duration, SM and issue-slot throughput, registers, occupancy and shared memory, what says
-why a kernel stops short of the tensor cores' limit; every implementation that can be the
-"fastest other" the book pairs with ours (all but DETAIL_SKIP).
+why a kernel stops short of the tensor cores' limit; ours and the "fastest other" the book pairs
+with it: where DIR holds the sweep's rows at the case's configuration (`make reference` sweeps
+first), the fastest of them (`sweep_pair`), else every implementation that can be it (all but
+DETAIL_SKIP).
 
 `--both` runs the two passes in turn. A case past CASE_TIMEOUT_S is killed and recorded as failed;
 `--budget S` bounds the whole (`make profile`: PROFILE_BUDGET, 240 s): a case the budget cuts or
@@ -30,6 +32,7 @@ device call's end).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -84,6 +87,29 @@ def find_problem(case):
     if not hits:
         raise ValueError(f"no problem in the {family} grid matches {op} {dtype} {shape}")
     return hits[0]
+
+
+def sweep_pair(out: Path | None, case) -> tuple[str, str] | None:
+    """Ours and the fastest other implementation (not one of NOT_RIVALS) at a CASES entry's
+    configuration by the sweep's rows in `out` (the size sweep's ok rows, each implementation's
+    median over its trials); None where `out` holds no such rows of both."""
+    family, op, dtype, _ = case
+    path = None if out is None else Path(out) / f"{family}.parquet"
+    if path is None or not path.exists():
+        return None
+    shape = find_problem(case).shape
+    rows = pd.read_parquet(path)
+    if not {"op", "dtype", "sweep", "status", "impl", "ms_median", *shape} <= set(rows.columns):
+        return None
+    at = (rows["op"] == op) & (rows["dtype"] == dtype) & (rows["sweep"] == "size") \
+        & (rows["status"] == "ok")
+    for column, value in shape.items():
+        at &= rows[column] == value
+    ms = rows[at].groupby("impl")["ms_median"].median()
+    others = ms.drop([i for i in NOT_RIVALS if i in ms.index])
+    if "triton_fused" not in ms.index or others.empty:
+        return None
+    return "triton_fused", str(others.idxmin())
 
 
 def profiled_variants(problem, impls=None, skip=()):
@@ -232,13 +258,18 @@ def profile_case(case_index: int, ncu: str, raw: Path, meta: dict, timeout: floa
 
 
 def details_case(case_index: int, ncu: str, raw: Path, meta: dict, timeout: float | None = None,
-                 all_impls: bool = False) -> list[dict]:
-    """CASES[case_index] through ncu's details page: one row per kernel, the DETAIL_METRICS."""
+                 all_impls: bool = False, out: Path | None = None) -> list[dict]:
+    """CASES[case_index] through ncu's details page: one row per kernel, the DETAIL_METRICS; ours
+    and the fastest other where `out` holds the sweep's rows of the case (sweep_pair), else every
+    possible rival."""
     base = _case_base(case_index, meta)
     sections = [a for name in DETAIL_SECTIONS for a in ("--section", name)]
+    pair = None if all_impls else sweep_pair(out, CASES[case_index])
+    worker_args = () if all_impls else ("--impls", ",".join(pair)) if pair else \
+        ("--skip", ",".join(DETAIL_SKIP))
     info, text = _ncu_run(case_index, ncu, raw,
                           ["--print-units", "base", *sections, "--page", "details"], "details_",
-                          timeout, () if all_impls else ("--skip", ",".join(DETAIL_SKIP)))
+                          timeout, worker_args)
     if info is None:
         return _cut(base, text, timeout)
     try:
@@ -387,7 +418,8 @@ def main(argv=None) -> int:
     raw = args.raw or Path(tempfile.mkdtemp(prefix="ncu_"))
     raw.mkdir(parents=True, exist_ok=True)
     passes = ([(profile_case, "profile.parquet", False)] if not args.details or args.both else []) \
-        + ([(details_case, "profile_details.parquet", True)] if args.details or args.both else [])
+        + ([(functools.partial(details_case, out=args.out), "profile_details.parquet", True)]
+           if args.details or args.both else [])
     ran = []
     for run_case, name, details in passes:
         cases = args.case or [i for i, c in enumerate(CASES)

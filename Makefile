@@ -33,6 +33,8 @@ GRID ?= book
 # make reference's folder: one per commit, so that the same command run again continues it.
 REFERENCE_OUT ?= results/runs/reference-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 # Seconds for make profile's two passes together (the cases after it: skipped rows, resumable).
+# make reference has no budget of its own (a reference needs every case): what LIMIT leaves,
+# and PROFILE_BUDGET only where given on the command line or in the environment.
 PROFILE_BUDGET ?= 240
 # make reference: stop cleanly after LIMIT seconds (a device call cut at 600 s: LIMIT=560), to be
 # run again; FORCE=1 runs it on a changed tree (the result cannot be promoted).
@@ -117,7 +119,7 @@ TAIL = $(if $(BENCH_ARGS),,$(filter-out smoke,$(GRID)))
 reference: setup ## GPU + Nsight Compute: at a clean commit, the reference grid, its tail steps and the profile into REFERENCE_OUT; run again to continue (LIMIT=<s>)
 	@# Refuses a changed tree (FORCE=1 tries it anyway); each step skipped where the folder has it,
 	@# so a call cut by a time limit is continued by the same command (docs/benchmarking.md).
-	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) --profile-budget $(PROFILE_BUDGET) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) $(if $(filter command line environment,$(origin PROFILE_BUDGET)),--profile-budget $(PROFILE_BUDGET)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
 
 profile: setup ## GPU + Nsight Compute: the cases the book reads, DRAM bytes into BENCH_OUT/profile.parquet and the matmul kernels' details into profile_details.parquet, within PROFILE_BUDGET s
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }

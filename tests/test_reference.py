@@ -70,8 +70,8 @@ def test_reference_runs_each_step_once_and_continues_where_it_stopped(tmp_path, 
                                                                       stand_ins):
     """A first call: the reference grid's bench with its tail, stopped part way (the run left
     unfinished): status 3. The same command: the bench resumed, then the profile (both passes,
-    resumed, within its budget); a profile left incomplete: 3 again; then complete: 0 and how to
-    promote. With the sweep finished but a tail step not done, that step alone runs."""
+    resumed, within the budget given, or what the limit leaves); a profile left incomplete: 3
+    again; then complete: 0 and how to promote. With the sweep finished but a tail step not done, that step alone runs."""
     ran, effects = stand_ins
     out = tmp_path / "ref"
     effects["bench"] = lambda cmd: _runs(out, status="running") or None  # cut by the limit
@@ -90,10 +90,15 @@ def test_reference_runs_each_step_once_and_continues_where_it_stopped(tmp_path, 
     assert {"--both", "--resume"} <= set(profile) and profile[profile.index("--budget") + 1] == "200"
     assert "skipped" in capsys.readouterr().out
 
+    ran.clear()  # under a limit the profile has what the limit leaves, without one no budget
+    assert R.main(["--out", str(out), "--limit", "1000"]) == R.INCOMPLETE
+    profile = ran[0][1]
+    assert 950 <= float(profile[profile.index("--budget") + 1]) <= 1000 - R.GRACE_S
+
     ran.clear()
     effects["profile"] = lambda cmd: _profile(out) or 0
     assert R.main(["--out", str(out)]) == 0
-    assert [n for n, _ in ran] == ["profile"]
+    assert [n for n, _ in ran] == ["profile"] and "--budget" not in ran[0][1]
     assert f"python tools/promote.py {out} results/reference/h100" in capsys.readouterr().out
 
     ran.clear()  # the tail cut after the sweep: the step not done runs alone, then is marked

@@ -11,7 +11,8 @@ longer cold, docs/benchmarking.md):
 2. its tail steps (seed 002, the launch costs, the GPT-2 check), those not done yet: with the
    sweep's command, or alone where the sweep had finished;
 3. `make profile`'s two passes over the cases the book reads, those not held in full yet
-   (`--resume`), within --profile-budget seconds.
+   (`--resume`), within what --limit leaves (and --profile-budget seconds, where given: a
+   reference needs every case, so no budget by default; a stalled case is killed all the same).
 Then it says whether DIR is complete, and how to promote it (tools/promote.py). It refuses to
 start on a tree with uncommitted changes (a reference is one commit: the rows would record one
 that is not), unless --force, whose result promote refuses; and on a folder of another commit.
@@ -37,7 +38,6 @@ from . import steps
 
 PACKAGE = __package__  # triton_fusion_report.analysis.bench
 ROOT = Path(__file__).resolve().parents[2]
-PROFILE_BUDGET_S = 240  # the profile's share: the issue's 4 minutes on one GPU
 GRACE_S = 20  # after an interrupt, before a step's processes are killed
 INCOMPLETE = 3  # exit status: run the same command again
 
@@ -151,7 +151,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="the reference's results folder")
     ap.add_argument("--warm", type=int, default=-1, help="the bench's --warm")
-    ap.add_argument("--profile-budget", type=float, default=PROFILE_BUDGET_S, metavar="S")
+    ap.add_argument("--profile-budget", type=float, metavar="S",
+                    help="at most S seconds of profile (default: what --limit leaves, else none)")
     ap.add_argument("--limit", type=float, metavar="S",
                     help="stop cleanly after S seconds, to be run again (default: none)")
     ap.add_argument("--force", action="store_true",
@@ -201,10 +202,11 @@ def main(argv=None) -> int:
             run.stopped = True  # too little left to profile a case: the next call does
         else:
             left = run.left()
-            budget = args.profile_budget if left is None else min(args.profile_budget,
-                                                                    left - GRACE_S)
+            caps = [b for b in (args.profile_budget, None if left is None else left - GRACE_S)
+                    if b is not None]
             code = run.run("profile", [py, "-m", f"{PACKAGE}.profile", "--out", str(out),
-                                       "--both", "--resume", "--budget", f"{budget:.0f}"])
+                                       "--both", "--resume"]
+                           + (["--budget", f"{min(caps):.0f}"] if caps else []))
             if code:
                 failed.append("profile")
     lacking = ([] if state == "finished" else ["the sweep"]) + [

@@ -119,7 +119,7 @@ TAIL = $(if $(BENCH_ARGS),,$(filter-out smoke,$(GRID)))
 reference: setup ## GPU + Nsight Compute: at a clean commit, the reference grid, its tail steps and the profile into REFERENCE_OUT; run again to continue (LIMIT=<s>)
 	@# Refuses a changed tree (FORCE=1 tries it anyway); each step skipped where the folder has it,
 	@# so a call cut by a time limit is continued by the same command (docs/benchmarking.md).
-	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) $(if $(filter command line environment,$(origin PROFILE_BUDGET)),--profile-budget $(PROFILE_BUDGET)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) $(if $(and $(filter command line environment,$(origin PROFILE_BUDGET)),$(strip $(PROFILE_BUDGET))),--profile-budget $(PROFILE_BUDGET)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
 
 profile: setup ## GPU + Nsight Compute: the cases the book reads, DRAM bytes into BENCH_OUT/profile.parquet and the matmul kernels' details into profile_details.parquet, within PROFILE_BUDGET s
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }

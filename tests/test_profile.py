@@ -336,31 +336,58 @@ def test_profile_case_cut_by_the_budget_is_skipped_a_stall_failed(tmp_path, monk
 
 def test_profile_details_take_the_sweeps_fastest_other(tmp_path, monkeypatch):
     """Where the folder holds the sweep's rows at a details case's configuration, the details
-    pass profiles ours and the fastest other there (each implementation's median over its
-    trials; never the unfused version, a failed row or another shape); else every rival."""
+    pass profiles ours and the fastest other there by device time (each implementation's
+    fastest row, as the book's verdict; never the unfused version, a failed row, a row without
+    a time, another op, dtype, shape or commit); else every rival. make profile's --details
+    hands the pass its folder."""
     from triton_fusion_report.analysis.bench import profile as P
 
     i = next(i for i, c in enumerate(P.CASES) if c[0] == "attention")
     family, op, dtype, _ = P.CASES[i]
     shape = P.find_problem(P.CASES[i]).shape
-    row = dict(op=op, dtype=dtype, sweep="size", status="ok", **shape)
+    row = dict(op=op, dtype=dtype, sweep="size", status="ok", git_commit="c", ms_device=None,
+               **shape)
     rows = [dict(row, impl="triton_fused", ms_median=ms) for ms in (0.9, 1.0, 1.1)]
-    rows += [dict(row, impl="sdpa_cudnn", ms_median=ms) for ms in (0.84, 0.85, 2.0)]
-    rows += [dict(row, impl="torch_compile", ms_median=0.86),
+    rows += [dict(row, impl="sdpa_cudnn", ms_median=ms, ms_device=dev)
+             for ms, dev in ((0.9, 0.85), (0.95, 0.84), (2.0, None))]
+    rows += [dict(row, impl="torch_compile", ms_median=0.86),  # its device time, 0.845, counts
+             dict(row, impl="torch_compile", ms_median=0.86, ms_device=0.845),
              dict(row, impl="triton_unfused", ms_median=0.1),  # not a rival
              dict(row, impl="sdpa_flash", ms_median=0.01, status="failed"),
+             dict(row, impl="sdpa_efficient", ms_median=None),
              dict(row, impl="torch_eager", ms_median=0.01, sweep="block"),
+             dict(row, impl="torch_eager", ms_median=0.01, op="attention_bwd"),
+             dict(row, impl="torch_eager", ms_median=0.01, dtype="bfloat16"),
+             dict(row, impl="torch_eager", ms_median=0.01, git_commit="older"),
              dict(row, impl="flag_gems", ms_median=0.01, seq=shape["seq"] // 2)]
     calls = []
     monkeypatch.setattr(P, "_ncu_run", lambda *a: calls.append(a[-1]) or (None, "no ncu"))
     assert P.sweep_pair(tmp_path, P.CASES[i]) is None  # no rows: every rival
     P.details_case(i, "ncu", tmp_path, dict(gpu="x"), out=tmp_path)
     pd.DataFrame(rows).to_parquet(tmp_path / f"{family}.parquet")
-    assert P.sweep_pair(tmp_path, P.CASES[i]) == ("triton_fused", "sdpa_cudnn")
-    P.details_case(i, "ncu", tmp_path, dict(gpu="x"), out=tmp_path)
-    P.details_case(i, "ncu", tmp_path, dict(gpu="x"), out=tmp_path, all_impls=True)
+    assert P.sweep_pair(tmp_path, P.CASES[i], "c") == ("triton_fused", "sdpa_cudnn")
+    assert P.sweep_pair(tmp_path, P.CASES[i]) == ("triton_fused", "torch_eager")  # any commit
+    P.details_case(i, "ncu", tmp_path, dict(gpu="x", git_commit="c"), out=tmp_path)
+    P.details_case(i, "ncu", tmp_path, dict(gpu="x", git_commit="c"), out=tmp_path,
+                   all_impls=True)
     assert calls == [("--skip", ",".join(P.DETAIL_SKIP)),
                      ("--impls", "triton_fused,sdpa_cudnn"), ()]
     pd.DataFrame([r for r in rows if r["impl"] != "triton_fused"]).to_parquet(
         tmp_path / f"{family}.parquet")
-    assert P.sweep_pair(tmp_path, P.CASES[i]) is None  # ours not measured there: every rival
+    assert P.sweep_pair(tmp_path, P.CASES[i], "c") is None  # ours not measured: every rival
+
+    # make profile --details: the pass is given the folder (here without rows: every rival).
+    import types
+
+    from triton_fusion_report.analysis.bench import machine
+
+    monkeypatch.setattr(P.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(device=lambda name: name))
+    monkeypatch.setattr(machine, "run_metadata", lambda device: dict.fromkeys(
+        ("run_id", "started_at", "git_commit", "gpu", "torch", "triton"), "x"))
+    seen = []
+    monkeypatch.setattr(P, "details_case",
+                        lambda *a, out=None, **k: seen.append(out) or [dict(status="failed")])
+    monkeypatch.setattr(P, "details_summary", lambda rows: rows)
+    assert P.main(["--out", str(tmp_path / "run"), "--details", "--case", str(i)]) == 0
+    assert seen == [tmp_path / "run"]

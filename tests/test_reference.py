@@ -71,7 +71,8 @@ def test_reference_runs_each_step_once_and_continues_where_it_stopped(tmp_path, 
     """A first call: the reference grid's bench with its tail, stopped part way (the run left
     unfinished): status 3. The same command: the bench resumed, then the profile (both passes,
     resumed, within the budget given, or what the limit leaves); a profile left incomplete: 3
-    again; then complete: 0 and how to promote. With the sweep finished but a tail step not done, that step alone runs."""
+    again; then complete: 0 and how to promote. With the sweep finished but a tail step not
+    done, that step alone runs."""
     ran, effects = stand_ins
     out = tmp_path / "ref"
     effects["bench"] = lambda cmd: _runs(out, status="running") or None  # cut by the limit
@@ -90,10 +91,15 @@ def test_reference_runs_each_step_once_and_continues_where_it_stopped(tmp_path, 
     assert {"--both", "--resume"} <= set(profile) and profile[profile.index("--budget") + 1] == "200"
     assert "skipped" in capsys.readouterr().out
 
-    ran.clear()  # under a limit the profile has what the limit leaves, without one no budget
-    assert R.main(["--out", str(out), "--limit", "1000"]) == R.INCOMPLETE
-    profile = ran[0][1]
-    assert 950 <= float(profile[profile.index("--budget") + 1]) <= 1000 - R.GRACE_S
+    # Under a limit the profile has what the limit leaves, or the budget given where less;
+    # without either, no budget.
+    for argv, low, high in ((["--limit", "1000"], 950, 1000 - R.GRACE_S),
+                            (["--limit", "1000", "--profile-budget", "200"], 200, 200),
+                            (["--limit", "100", "--profile-budget", "200"], 50, 100 - R.GRACE_S)):
+        ran.clear()
+        assert R.main(["--out", str(out), *argv]) == R.INCOMPLETE
+        profile = ran[0][1]
+        assert low <= float(profile[profile.index("--budget") + 1]) <= high, argv
 
     ran.clear()
     effects["profile"] = lambda cmd: _profile(out) or 0

@@ -137,6 +137,11 @@ def test_a_finished_compile_pass_is_not_run_again(monkeypatch, tmp_path):
     assert not warm.already_warm(args, problems[1:], False)
     next(folders[0].glob("fusion-warm-*")).unlink()  # Triton's cache emptied
     assert not warm.already_warm(args, problems, False)
+    # Marked when every process exited cleanly, whatever calls failed in it (a variant that
+    # cannot run fails in every pass: withholding the marker would repeat the pass on each
+    # resumed bench); not when a process died.
+    assert warm.ran_to_its_end([0, 0]) and not warm.ran_to_its_end([0, -9])
+    assert not warm.ran_to_its_end([0, None])
 
 
 @FULL

@@ -47,6 +47,8 @@ import pandas as pd
 
 # What the counters say against the model, per implementation: read by the book too (pandas only).
 from ..model.counters import NOT_RIVALS, details_summary, summary
+# A row's time as the book's verdict compares it (the details pass profiles its fastest other).
+from ..schema import device_time
 # The ncu CSV readers (tests and notebooks use them from here too).
 from .ncu import (DETAIL_LABELS, DETAIL_METRICS, MARKER, attribute, detail_view,  # noqa: F401
                   ncu_details, parse_ncu_csv)
@@ -89,10 +91,11 @@ def find_problem(case):
     return hits[0]
 
 
-def sweep_pair(out: Path | None, case) -> tuple[str, str] | None:
+def sweep_pair(out: Path | None, case, commit: str | None = None) -> tuple[str, str] | None:
     """Ours and the fastest other implementation (not one of NOT_RIVALS) at a CASES entry's
-    configuration by the sweep's rows in `out` (the size sweep's ok rows, each implementation's
-    median over its trials); None where `out` holds no such rows of both."""
+    configuration by the sweep's rows in `out` at `commit` (where given): the size sweep's ok
+    rows, each implementation's fastest device time, as the book's verdict picks it
+    (book/verdict.py); None where `out` holds no such rows of both."""
     family, op, dtype, _ = case
     path = None if out is None else Path(out) / f"{family}.parquet"
     if path is None or not path.exists():
@@ -103,9 +106,12 @@ def sweep_pair(out: Path | None, case) -> tuple[str, str] | None:
         return None
     at = (rows["op"] == op) & (rows["dtype"] == dtype) & (rows["sweep"] == "size") \
         & (rows["status"] == "ok")
+    if commit is not None and "git_commit" in rows:
+        at &= rows["git_commit"] == commit
     for column, value in shape.items():
         at &= rows[column] == value
-    ms = rows[at].groupby("impl")["ms_median"].median()
+    rows = rows[at].assign(_t=device_time(rows[at])).dropna(subset=["_t"])
+    ms = rows.groupby("impl")["_t"].min()
     others = ms.drop([i for i in NOT_RIVALS if i in ms.index])
     if "triton_fused" not in ms.index or others.empty:
         return None
@@ -264,7 +270,7 @@ def details_case(case_index: int, ncu: str, raw: Path, meta: dict, timeout: floa
     possible rival."""
     base = _case_base(case_index, meta)
     sections = [a for name in DETAIL_SECTIONS for a in ("--section", name)]
-    pair = None if all_impls else sweep_pair(out, CASES[case_index])
+    pair = None if all_impls else sweep_pair(out, CASES[case_index], meta.get("git_commit"))
     worker_args = () if all_impls else ("--impls", ",".join(pair)) if pair else \
         ("--skip", ",".join(DETAIL_SKIP))
     info, text = _ncu_run(case_index, ncu, raw,

@@ -206,6 +206,12 @@ def mark_warm(args, problems, tail: bool) -> None:
         (folder / name).touch()
 
 
+def ran_to_its_end(exitcodes: list) -> bool:
+    """Whether a pass marks the caches: every process exited cleanly. Jobs with a failed call do
+    not withhold it (the module's docstring says why)."""
+    return all(code == 0 for code in exitcodes)
+
+
 def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     """Warm `problems` (those the timed sweep will measure), and with `tail` the TAIL steps, in
     `workers` processes, each of which rebuilds the grid and takes problems by their index in
@@ -243,7 +249,7 @@ def run(args, problems, workers: int, tail: bool = False) -> tuple[float, str]:
     for k, p in enumerate(procs):
         if p.exitcode != 0:  # not fatal: the timed sweep compiles what this one did not
             print(f"warm: process {k} exited with {p.exitcode}", file=sys.stderr)
-    if all(p.exitcode == 0 for p in procs):
+    if ran_to_its_end([p.exitcode for p in procs]):
         with contextlib.suppress(OSError):  # e.g. a read-only cache: the next run warms again
             mark_warm(args, problems, tail)
     longest = (f"a process's start {max(starts)[0]:.0f} s; longest: " if starts else "longest: ") \

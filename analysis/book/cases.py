@@ -10,14 +10,8 @@ import pandas as pd
 from ..families import FAMILIES
 from ..model import traffic
 from ..model.roofline import model_ms, peak_of  # noqa: F401 - the chapters call them as cases.*
+from ..schema import device_time  # noqa: F401 - the chapters call it as cases.device_time
 from . import data as R
-
-
-def device_time(df: pd.DataFrame) -> pd.Series:
-    """ms per call of each row: the device time where measured, else the per-call median."""
-    if "ms_device" not in df:
-        return df["ms_median"]
-    return df["ms_device"].fillna(df["ms_median"])
 
 
 @dataclass(frozen=True)

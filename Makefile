@@ -32,10 +32,10 @@ SPACE := $(subst ,, )
 GRID ?= book
 # make reference's folder: one per commit, so that the same command run again continues it.
 REFERENCE_OUT ?= results/runs/reference-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-# Seconds for make profile's two passes together (the cases after it: skipped rows, resumable).
-# make reference has no budget of its own (a reference needs every case): what LIMIT leaves,
-# and PROFILE_BUDGET only where given on the command line or in the environment.
-PROFILE_BUDGET ?= 240
+# Seconds for make profile's two passes together (240 where not given; the cases after it:
+# skipped rows, resumable). make reference has no budget of its own (a reference needs every
+# case): what LIMIT leaves, and PROFILE_BUDGET only where given.
+PROFILE_BUDGET ?=
 # make reference: stop cleanly after LIMIT seconds (a device call cut at 600 s: LIMIT=560), to be
 # run again; FORCE=1 runs it on a changed tree (the result cannot be promoted).
 LIMIT ?=
@@ -119,11 +119,11 @@ TAIL = $(if $(BENCH_ARGS),,$(filter-out smoke,$(GRID)))
 reference: setup ## GPU + Nsight Compute: at a clean commit, the reference grid, its tail steps and the profile into REFERENCE_OUT; run again to continue (LIMIT=<s>)
 	@# Refuses a changed tree (FORCE=1 tries it anyway); each step skipped where the folder has it,
 	@# so a call cut by a time limit is continued by the same command (docs/benchmarking.md).
-	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) $(if $(and $(filter command line environment,$(origin PROFILE_BUDGET)),$(strip $(PROFILE_BUDGET))),--profile-budget $(PROFILE_BUDGET)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.reference --out $(REFERENCE_OUT) --warm $(WARM) $(if $(PROFILE_BUDGET),--profile-budget $(PROFILE_BUDGET)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FORCE),--force)
 
 profile: setup ## GPU + Nsight Compute: the cases the book reads, DRAM bytes into BENCH_OUT/profile.parquet and the matmul kernels' details into profile_details.parquet, within PROFILE_BUDGET s
 	@$(HAS_GPU) || { echo "make profile needs a CUDA GPU (and Nsight Compute, ncu)"; exit 1; }
-	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --out $(BENCH_OUT) --both --resume --budget $(PROFILE_BUDGET)
+	$(RUN_PY) -m triton_fusion_report.analysis.bench.profile --out $(BENCH_OUT) --both --resume --budget $(or $(PROFILE_BUDGET),240)
 
 seed002: setup ## seed 002's softmax(X)@V benchmark to the letter (CSV + Parquet in BENCH_OUT)
 	@$(HAS_GPU) || { echo "make seed002 needs a CUDA GPU"; exit 1; }

@@ -36,8 +36,9 @@ REFERENCE_OUT ?= results/runs/reference-$(shell git rev-parse --short=12 HEAD 2>
 # skipped rows, resumable). make reference has no budget of its own (a reference needs every
 # case): what LIMIT leaves, and PROFILE_BUDGET only where given.
 PROFILE_BUDGET ?=
-# make reference: stop cleanly after LIMIT seconds (a device call cut at 600 s: LIMIT=560), to be
-# run again; FORCE=1 runs it on a changed tree (the result cannot be promoted).
+# make reference: stop cleanly after LIMIT seconds, to be run again (a device call is cut at
+# 600 s: LIMIT=572 leaves the last step's grace and the call's own setup their seconds); FORCE=1
+# runs it on a changed tree (the result cannot be promoted).
 LIMIT ?=
 FORCE ?=
 BENCH_ARGS ?=

@@ -92,10 +92,11 @@ def find_problem(case):
 
 
 def sweep_pair(out: Path | None, case, commit: str | None = None) -> tuple[str, str] | None:
-    """Ours and the fastest other implementation (not one of NOT_RIVALS) at a CASES entry's
-    configuration by the sweep's rows in `out` at `commit` (where given): the size sweep's ok
-    rows, each implementation's fastest device time, as the book's verdict picks it
-    (book/verdict.py); None where `out` holds no such rows of both."""
+    """Ours and the fastest other implementation at a CASES entry's configuration by the sweep's
+    rows in `out` at `commit` (where given): the size sweep's ok rows, each implementation's
+    fastest device time (the verdict's yardstick, book/verdict.py), among the rivals the counter
+    table pairs with ours (not NOT_RIVALS: unlike the verdict, never our unfused version); None
+    where `out` holds no such rows of both."""
     family, op, dtype, _ = case
     path = None if out is None else Path(out) / f"{family}.parquet"
     if path is None or not path.exists():
